@@ -1,0 +1,35 @@
+"""ftcoord: fault-tolerant coordination for PyTorch data-parallel training."""
+
+from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.errors import (
+    ConfigError,
+    FtcoordError,
+    JobFinished,
+    PortInUse,
+    QuorumTimeout,
+    StoreUnavailable,
+)
+from ftcoord.heartbeat import mark_dead
+from ftcoord.participant import Participant
+from ftcoord.record import GenerationRecord
+from ftcoord.server import StoreProcess, StoreServer
+from ftcoord.store import StoreAddress, connect, job_store
+
+__all__ = [
+    "ConfigError",
+    "FtcoordError",
+    "GenerationRecord",
+    "JobFinished",
+    "Participant",
+    "PortInUse",
+    "QuorumPolicy",
+    "QuorumTimeout",
+    "StoreAddress",
+    "StoreProcess",
+    "StoreServer",
+    "StoreUnavailable",
+    "Timing",
+    "connect",
+    "job_store",
+    "mark_dead",
+]

@@ -1,0 +1,112 @@
+"""Timing knobs of the coordination protocol, with their defaults in one place."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ftcoord.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How fast ftcoord notices faults and how long it waits for joiners.
+
+    Invariant (checked): heartbeat_interval < heartbeat_timeout < barrier_timeout and
+    join_timeout < barrier_timeout. A heartbeat timeout below two intervals would call a
+    process dead after one late beat, so that is refused too.
+    """
+
+    heartbeat_interval: float = 0.5
+    """Seconds between two heartbeats of one process."""
+    heartbeat_timeout: float = 5.0
+    """A process whose heartbeat counter did not change for this long is dead."""
+    join_timeout: float = 3.0
+    """Last call: how long the leader waits for missing live slots before a partial quorum."""
+    barrier_timeout: float = 120.0
+    """Too few joiners after this long fails the generation with a clear error."""
+    connect_timeout: float = 30.0
+    """Total deadline for reaching the store server (with backoff)."""
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(
+                    f"{field.name}={value!r} must be a positive number of seconds"
+                )
+        if self.heartbeat_timeout < 2 * self.heartbeat_interval:
+            raise ConfigError(
+                f"heartbeat_timeout={self.heartbeat_timeout}s must be at least twice "
+                f"heartbeat_interval={self.heartbeat_interval}s, or one late beat looks "
+                f"like a death; raise heartbeat_timeout or lower heartbeat_interval"
+            )
+        if self.heartbeat_timeout >= self.barrier_timeout:
+            raise ConfigError(
+                f"heartbeat_timeout={self.heartbeat_timeout}s must be below "
+                f"barrier_timeout={self.barrier_timeout}s, or a dead process is never "
+                f"excluded before the generation fails; raise barrier_timeout"
+            )
+        if self.join_timeout >= self.barrier_timeout:
+            raise ConfigError(
+                f"join_timeout={self.join_timeout}s must be below "
+                f"barrier_timeout={self.barrier_timeout}s; lower join_timeout"
+            )
+
+    @property
+    def tick(self) -> float:
+        """How often the leader re-reads liveness when nothing wakes it earlier."""
+        return min(self.heartbeat_interval / 2, 0.25)
+
+
+@dataclass(frozen=True)
+class QuorumPolicy:
+    """Which world sizes the leader may pick.
+
+    global_batch, when given, admits only divisors of it: a DDP job with a constant
+    global batch cannot run on a world size that does not divide it.
+    """
+
+    target_world_size: int
+    min_world_size: int = 1
+    max_world_size: int | None = None
+    global_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.target_world_size < 1:
+            raise ConfigError(f"target world size {self.target_world_size} must be >= 1")
+        if not 1 <= self.min_world_size <= self.target_world_size:
+            raise ConfigError(
+                f"min_world_size={self.min_world_size} must be between 1 and the target "
+                f"world size {self.target_world_size}"
+            )
+        if self.max_world_size is not None and self.max_world_size < self.target_world_size:
+            raise ConfigError(
+                f"max_world_size={self.max_world_size} is below the target world size "
+                f"{self.target_world_size}; raise it or drop it"
+            )
+        if self.global_batch is not None:
+            if self.global_batch < 1:
+                raise ConfigError(f"global_batch={self.global_batch} must be >= 1")
+            if not any(self.accepts(n) for n in range(self.min_world_size, self.limit + 1)):
+                raise ConfigError(
+                    f"no world size between min_world_size={self.min_world_size} and "
+                    f"{self.limit} divides global_batch={self.global_batch}; pick one of "
+                    f"{divisors(self.global_batch)}"
+                )
+
+    @property
+    def limit(self) -> int:
+        """The largest world size the leader may pick."""
+        return self.max_world_size if self.max_world_size is not None else self.target_world_size
+
+    def accepts(self, world_size: int) -> bool:
+        """Whether a generation of this size may run."""
+        if not self.min_world_size <= world_size <= self.limit:
+            return False
+        return self.global_batch is None or self.global_batch % world_size == 0
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, ascending (for error messages that say what to pick)."""
+    return [d for d in range(1, n + 1) if n % d == 0]

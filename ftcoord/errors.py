@@ -1,0 +1,27 @@
+"""Error types of ftcoord. Each message names the value, the limit and what to do."""
+
+from __future__ import annotations
+
+
+class FtcoordError(Exception):
+    """Base class of every error ftcoord raises on purpose."""
+
+
+class ConfigError(FtcoordError, ValueError):
+    """A setting is out of range or inconsistent with another one."""
+
+
+class StoreUnavailable(FtcoordError):
+    """The TCPStore server could not be reached within the connect deadline."""
+
+
+class PortInUse(FtcoordError):
+    """The store server cannot listen because the port is taken."""
+
+
+class QuorumTimeout(FtcoordError):
+    """Too few processes joined a generation within barrier_timeout."""
+
+
+class JobFinished(FtcoordError):
+    """The job was marked done while this process was waiting to join."""

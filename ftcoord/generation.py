@@ -1,0 +1,145 @@
+"""Joining generations: announce, wait for the record, catch up when decided without us.
+
+A process never waits for a generation that has already been decided: if the record of
+g leaves it out, it moves on to g+1 (and interrupts g when the job is below its target
+size), so the "restart before the leader advanced" race cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.config import Timing
+from ftcoord.errors import JobFinished, QuorumTimeout
+from ftcoord.leader import current_generation, read_record
+from ftcoord.log import get_logger
+from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.store import get_or_none, wait_for_key
+
+
+class GenerationClient:
+    """The main thread's side of the protocol (on the main thread's own store client)."""
+
+    def __init__(self, store: dist.Store, slot: int, incarnation: int, timing: Timing) -> None:
+        self._store = store
+        self.slot = slot
+        self.incarnation = incarnation
+        self._timing = timing
+        self._log = get_logger(component="generation", slot=slot, incarnation=incarnation)
+
+    def current(self) -> int:
+        return current_generation(self._store)
+
+    def join(self, step: int = -1) -> GenerationRecord:
+        """Block until a generation that includes this process is decided.
+
+        Raises:
+            JobFinished: the job completed while we waited (a spare's normal end).
+            QuorumTimeout: too few processes joined within barrier_timeout.
+        """
+        generation = self.current() + 1
+        self._interrupt_if_needed(self.record(generation - 1))
+        while True:
+            self._announce(generation, step)
+            record = self._wait_record(generation)
+            if record.failed is not None:
+                raise QuorumTimeout(record.failed)
+            rank = record.rank_of(self.slot, self.incarnation)
+            if rank is not None:
+                self._log.info("generation_joined", generation=generation, rank=rank,
+                               world_size=record.world_size, members=list(record.members))
+                return record
+            self._log.info("generation_left_out", generation=generation,
+                           spare=record.was_considered(self.slot, self.incarnation))
+            self._interrupt_if_needed(record)
+            generation += 1
+
+    def record(self, generation: int) -> GenerationRecord | None:
+        return read_record(self._store, generation) if generation > 0 else None
+
+    def interrupt(self, generation: int, reason: str) -> None:
+        """End a generation for every member (first reason wins)."""
+        self._store.compare_set(keys.interrupt(generation), "", reason)
+        self._log.info("generation_interrupt_requested", generation=generation, reason=reason)
+
+    def is_interrupted(self, generation: int) -> bool:
+        return bool(self._store.check([keys.interrupt(generation)]))
+
+    def finish(self, record: GenerationRecord) -> bool:
+        """Report that the function returned here; wait until the job is done.
+
+        Returns:
+            True when every member finished (the job is done); False when the generation
+            was interrupted first, so this process must join the next one.
+        """
+        finished = int(self._store.add(keys.finished(record.generation), 1))
+        if finished >= record.world_size:
+            self._store.set(keys.DONE, str(record.generation))
+            self._log.info("job_done", generation=record.generation)
+        while True:
+            if wait_for_key(self._store, keys.DONE, self._timing.heartbeat_interval):
+                return True
+            if self.is_interrupted(record.generation):
+                return False
+
+    def is_done(self) -> bool:
+        return bool(self._store.check([keys.DONE]))
+
+    def _announce(self, generation: int, step: int) -> None:
+        join = JoinRequest(generation, self.slot, self.incarnation, step)
+        self._store.append(keys.joiners(generation), join.to_json() + "\n")
+        count = int(self._store.add(keys.join_count(generation), 1))
+        self._store.set(keys.join_signal(generation, count), "1")
+
+    def _interrupt_if_needed(self, record: GenerationRecord | None) -> None:
+        """Catch-up rule: bring the members back together when our arrival changes things.
+
+        A record that lists an older incarnation of our slot has a dead member; one that
+        is below its target size and never saw us could grow. A record that considered us
+        and left us out (a hot spare) is not interrupted: that would loop forever.
+        """
+        if record is None or record.failed is not None:
+            return
+        if record.was_considered(self.slot, self.incarnation):
+            return
+        if self.slot in record.members:
+            self.interrupt(record.generation, f"rejoin:slot={self.slot}")
+        elif record.world_size < record.target_world_size:
+            self.interrupt(record.generation, f"grow:slot={self.slot}")
+
+    def _wait_record(self, generation: int) -> GenerationRecord:
+        """Wait for the record of `generation`, in slices (to notice the job ending).
+
+        No deadline while the previous generation still runs (a hot spare may wait for
+        hours); once it ended, a leader must decide within barrier_timeout plus the time
+        to notice a dead leader, or this raises.
+        """
+        key = keys.record(generation)
+        deadline: float | None = None
+        slice_s = self._timing.heartbeat_interval
+        while True:
+            if wait_for_key(self._store, key, slice_s):
+                record = self.record(generation)
+                if record is not None:
+                    return record
+            if get_or_none(self._store, keys.DONE) is not None:
+                raise JobFinished(f"job finished while slot {self.slot} waited for generation {generation}")
+            if deadline is None and self._previous_ended(generation):
+                t = self._timing
+                deadline = time.monotonic() + t.barrier_timeout + 2 * t.heartbeat_timeout + t.join_timeout
+            if deadline is not None and time.monotonic() > deadline:
+                raise QuorumTimeout(
+                    f"no leader decided generation {generation} within barrier_timeout="
+                    f"{self._timing.barrier_timeout}s (+ heartbeat and join timeouts); is the "
+                    f"store server healthy and are other processes of this job running?"
+                )
+
+    def _previous_ended(self, generation: int) -> bool:
+        previous = generation - 1
+        if previous == 0:
+            return True
+        record = self.record(previous)
+        return record is None or record.failed is not None or self.is_interrupted(previous)

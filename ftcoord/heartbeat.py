@@ -1,0 +1,116 @@
+"""Heartbeats and liveness.
+
+A process proves it is alive by bumping a counter; an observer decides liveness by *when
+it saw the counter change*, on its own monotonic clock. No wall-clock time is compared
+across hosts, so clock skew cannot kill a healthy process or keep a dead one alive.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.log import get_logger
+
+
+class Heartbeat:
+    """A daemon thread that bumps `hb/<slot>` every interval, on its own store client.
+
+    It also publishes the training thread's progress counter (bumped by `ping()` with no
+    store operation), so a process whose heartbeat thread runs but whose training thread
+    is stuck can be told apart from a healthy one.
+    """
+
+    def __init__(self, store: dist.Store, slot: int, interval: float) -> None:
+        self._store = store
+        self._slot = slot
+        self._interval = interval
+        self._stop = threading.Event()
+        self._progress = 0
+        self._published_progress = -1
+        self.beats = 0
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"ftcoord-heartbeat-{slot}", daemon=True)
+        self._log = get_logger(component="heartbeat", slot=slot)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def beat(self) -> None:
+        """One heartbeat now (also used at start, so observers see us at once)."""
+        self.beats = int(self._store.add(keys.heartbeat(self._slot), 1))
+        progress = self._progress
+        if progress != self._published_progress:
+            self._store.set(keys.progress(self._slot), str(progress))
+            self._published_progress = progress
+
+    def ping(self) -> None:
+        """Record training progress: a local increment, published by the next beat."""
+        self._progress += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.beat()
+            except Exception as exc:  # the store is gone: nothing left to prove to
+                self.failed = exc
+                self._log.error("heartbeat_failed", error=str(exc))
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self._interval + 1.0)
+
+
+class LivenessObserver:
+    """Decides staleness of counters from when this observer saw them change.
+
+    A fresh observer has seen nothing change yet, so it must watch for a full timeout
+    before it may call anyone dead: a new leader never kills on stale data.
+    """
+
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout = timeout
+        self._clock = clock
+        self._born = clock()
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def reset(self) -> None:
+        """Forget everything (after this observer itself was paused, e.g. SIGSTOPped)."""
+        self._born = self._clock()
+        self._seen.clear()
+
+    def observe(self, name: str, value: int) -> None:
+        """Feed the latest value of a counter."""
+        previous = self._seen.get(name)
+        if previous is None or previous[0] != value:
+            self._seen[name] = (value, self._clock())
+
+    def silent_for(self, name: str) -> float:
+        """Seconds since the counter last changed (or since this observer was born)."""
+        previous = self._seen.get(name)
+        since = previous[1] if previous is not None else self._born
+        return self._clock() - max(since, self._born)
+
+    def is_stale(self, name: str, timeout: float | None = None) -> bool:
+        return self.silent_for(name) >= (self.timeout if timeout is None else timeout)
+
+
+def mark_dead(store: dist.Store, slot: int, incarnation: int) -> None:
+    """Fast path for a local parent that saw the process die: no heartbeat timeout needed.
+
+    Monotonic per slot: marking an older incarnation never revives a newer dead one.
+    """
+    key = keys.dead(slot)
+    while True:
+        current = store.compare_set(key, "", str(incarnation)).decode()
+        if current == str(incarnation) or int(current or 0) >= incarnation:
+            return
+        if store.compare_set(key, current, str(incarnation)).decode() == str(incarnation):
+            return

@@ -1,0 +1,84 @@
+"""Names of every key a job writes, under its own prefix `ftcoord/<job_id>/`.
+
+Kept in one module so the protocol's layout can be read in one place.
+"""
+
+from __future__ import annotations
+
+SLOTS = "slots"  # append-only list "slot,slot,..." of every slot that ever registered
+LEADER = "leader"  # "term:slot:incarnation" of the process that proposes records
+CURRENT = "gen/current"  # a hint: the newest decided generation (walk forward to be sure)
+DONE = "done"  # set when the job completed: every process exits 0
+
+
+def registered(slot: int) -> str:
+    return f"slot/{slot}/registered"
+
+
+def incarnation(slot: int) -> str:
+    """Counter bumped by every process that starts for this slot."""
+    return f"slot/{slot}/incarnation"
+
+
+def heartbeat(slot: int) -> str:
+    """Counter bumped by the heartbeat thread of the slot's live process."""
+    return f"slot/{slot}/hb"
+
+
+def progress(slot: int) -> str:
+    """Counter bumped by `ping()` from the training thread."""
+    return f"slot/{slot}/progress"
+
+
+def dead(slot: int) -> str:
+    """The highest incarnation of the slot known dead (fast path for local parents)."""
+    return f"slot/{slot}/dead"
+
+
+def replacing(slot: int) -> str:
+    """The incarnation a launcher is starting for the slot right now."""
+    return f"slot/{slot}/replacing"
+
+
+def left(slot: int) -> str:
+    """The incarnation of the slot that left on purpose (exited cleanly)."""
+    return f"slot/{slot}/left"
+
+
+def fence(slot: int) -> str:
+    """The incarnation of the slot the leader declared dead: its launcher kills it."""
+    return f"slot/{slot}/fence"
+
+
+def record(generation: int) -> str:
+    """The immutable record of a generation, written once with compare_set."""
+    return f"gen/{generation}/record"
+
+
+def joiners(generation: int) -> str:
+    """Append-only list of join announcements (JSON lines) for a generation."""
+    return f"gen/{generation}/joiners"
+
+
+def join_count(generation: int) -> str:
+    return f"gen/{generation}/join_count"
+
+
+def join_signal(generation: int, n: int) -> str:
+    """Set by the n-th joiner: the leader waits on the next one to wake up at once."""
+    return f"gen/{generation}/join_signal/{n}"
+
+
+def interrupt(generation: int) -> str:
+    """Set (with a reason) to end a generation: every member leaves and rejoins."""
+    return f"gen/{generation}/interrupt"
+
+
+def finished(generation: int) -> str:
+    """Counter of members whose function returned in this generation."""
+    return f"gen/{generation}/finished"
+
+
+def process_group(generation: int) -> str:
+    """Prefix of the torch.distributed rendezvous keys of a generation."""
+    return f"gen/{generation}/pg"

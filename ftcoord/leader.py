@@ -1,0 +1,329 @@
+"""Leader election and the leader's duties: watch liveness, interrupt, decide records.
+
+Every process runs a LeaderDuty thread; at most one holds the `leader` key at a time.
+Holding it is only an optimisation of who proposes: safety comes from the record being
+written once with compare_set, so a deposed leader that wakes up cannot fork a generation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.heartbeat import LivenessObserver
+from ftcoord.log import get_logger
+from ftcoord.quorum import choose_members
+from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.slots import SlotFacts, read_facts, registered_slots
+from ftcoord.store import get_or_none, read_int, wait_for_key
+
+
+@dataclass(frozen=True)
+class LeaderClaim:
+    """The value of the `leader` key: "term:slot:incarnation" or "term:released"."""
+
+    term: int
+    slot: int | None
+    incarnation: int | None
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> LeaderClaim:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        parts = text.split(":")
+        if len(parts) == 3:
+            return cls(int(parts[0]), int(parts[1]), int(parts[2]))
+        return cls(int(parts[0]) if parts[0] else 0, None, None)
+
+    def __str__(self) -> str:
+        if self.slot is None:
+            return f"{self.term}:released"
+        return f"{self.term}:{self.slot}:{self.incarnation}"
+
+
+def current_generation(store: dist.Store) -> int:
+    """The newest decided generation: the hint, walked forward to the last record."""
+    generation = int(get_or_none(store, keys.CURRENT) or 0)
+    while store.check([keys.record(generation + 1)]):
+        generation += 1
+    return generation
+
+
+def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
+    raw = get_or_none(store, keys.record(generation))
+    return GenerationRecord.from_json(raw) if raw else None
+
+
+def read_joins(store: dist.Store, generation: int) -> list[JoinRequest]:
+    """The join announcements of a generation; a slot's newest incarnation wins."""
+    raw = get_or_none(store, keys.joiners(generation))
+    newest: dict[int, JoinRequest] = {}
+    for line in (raw or b"").decode().splitlines():
+        if line:
+            join = JoinRequest.from_json(line)
+            if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
+                newest[join.slot] = join
+    return list(newest.values())
+
+
+@dataclass
+class _OpenGeneration:
+    """The leader's own clock on a generation that may be decided."""
+
+    first_seen: float
+    last_change: float
+    joiners_seen: int = -1
+
+
+class LeaderDuty:
+    """Background thread: hold or take the leadership, and when leading, do its work."""
+
+    KEEP_GENERATIONS = 4
+
+    def __init__(
+        self,
+        store: dist.Store,
+        slot: int,
+        incarnation: int,
+        timing: Timing,
+        policy: QuorumPolicy,
+        progress_timeout: float | None = None,
+    ) -> None:
+        self._store = store
+        self._slot = slot
+        self._incarnation = incarnation
+        self._timing = timing
+        self._policy = policy
+        self._progress_timeout = progress_timeout
+        self._observer = LivenessObserver(timing.heartbeat_timeout)
+        self._claim: LeaderClaim | None = None
+        self._open: dict[int, _OpenGeneration] = {}
+        self._fenced: set[tuple[int, int]] = set()
+        self._stop = threading.Event()
+        self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
+        self._thread = threading.Thread(target=self._run, name=f"ftcoord-leader-{slot}", daemon=True)
+        self.failed: BaseException | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._claim is not None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, release: bool = True) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self._timing.heartbeat_interval + 2.0)
+        if release and self._claim is not None:
+            released = LeaderClaim(self._claim.term, None, None)
+            try:
+                self._store.compare_set(keys.LEADER, str(self._claim), str(released))
+                self._log.info("leader_released", term=self._claim.term)
+            except Exception:  # the store is gone: nobody to hand over to
+                pass
+            self._claim = None
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_tick = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_tick > self._timing.heartbeat_timeout / 2:
+                # We were paused (SIGSTOP, swap): what we saw is old, start afresh.
+                self._observer.reset()
+                self._open.clear()
+                self._log.warning("leader_duty_paused", paused_s=round(now - last_tick, 3))
+            last_tick = now
+            try:
+                if get_or_none(self._store, keys.DONE) is not None:
+                    return
+                if self._claim is None:
+                    self._try_acquire()
+                if self._claim is not None and self._still_leader():
+                    self._lead_once()
+                else:
+                    self._stop.wait(self._timing.tick)
+            except Exception as exc:  # store gone or broken: this thread cannot help
+                if self._stop.is_set():
+                    return
+                self.failed = exc
+                self._log.error("leader_duty_failed", error=str(exc))
+                return
+
+    def _try_acquire(self) -> None:
+        first = LeaderClaim(1, self._slot, self._incarnation)
+        holder = LeaderClaim.parse(self._store.compare_set(keys.LEADER, "", str(first)))
+        if holder == first:
+            self._become(first)
+            return
+        if holder.slot is not None:
+            facts = read_facts(self._store, [holder.slot]).get(holder.slot)
+            if facts is not None:
+                self._observer.observe(f"hb/{holder.slot}", facts.heartbeat)
+                alive = not facts.is_gone(holder.incarnation) and not self._observer.is_stale(
+                    f"hb/{holder.slot}"
+                )
+                if alive:
+                    return
+        mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
+        won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
+        if won == str(mine):
+            self._become(mine, previous=holder)
+
+    def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
+        self._claim = claim
+        self._observer.reset()  # a fresh observer waits a full timeout before any verdict
+        self._open.clear()
+        self._log.info("leader_elected", term=claim.term,
+                       previous=str(previous) if previous else None)
+
+    def _still_leader(self) -> bool:
+        held = get_or_none(self._store, keys.LEADER)
+        if held is not None and held.decode() == str(self._claim):
+            return True
+        self._log.warning("leader_lost", term=self._claim.term if self._claim else None,
+                          holder=held.decode() if held else None)
+        self._claim = None
+        return False
+
+    # -- leading ------------------------------------------------------------------
+
+    def _lead_once(self) -> None:
+        slots = registered_slots(self._store)
+        read_at = time.monotonic()  # before the read: a mark older than this was seen
+        facts = read_facts(self._store, slots)
+        for slot, fact in facts.items():
+            self._observer.observe(f"hb/{slot}", fact.heartbeat)
+        current = current_generation(self._store)
+        record = read_record(self._store, current) if current else None
+        if record is not None and record.failed is None:
+            self._interrupt_if_member_dead(record, facts)
+
+        generation = current + 1
+        if self._is_open(current, record):
+            if self._maybe_decide(generation, facts, read_at):
+                return  # decided: look again at once
+        joined = read_int(self._store, keys.join_count(generation))
+        # Sleep until the next joiner arrives or a tick passes, whichever is first.
+        wait_for_key(self._store, keys.join_signal(generation, joined + 1), self._timing.tick)
+
+    def _alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
+        return not facts.is_gone(incarnation) and not self._observer.is_stale(f"hb/{facts.slot}")
+
+    def _interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts]) -> None:
+        if self._store.check([keys.interrupt(record.generation)]):
+            return
+        for member, inc in zip(record.members, record.incarnations):
+            fact = facts.get(member)
+            if fact is None:
+                continue
+            hung = False
+            if self._progress_timeout is not None:
+                name = f"progress/{member}/{record.generation}"
+                self._observer.observe(name, fact.progress)
+                hung = self._observer.is_stale(name, self._progress_timeout)
+            if self._alive(fact, inc) and not hung:
+                continue
+            reason = "hung" if hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
+            if (member, inc) not in self._fenced and not fact.is_gone(inc):
+                # Its launcher kills it: a hung peer then fails the collectives at once.
+                self._store.set(keys.fence(member), str(inc))
+                self._fenced.add((member, inc))
+                self._log.warning("rank_fenced", slot=member, incarnation=inc, reason=reason)
+            self._store.compare_set(keys.interrupt(record.generation), "",
+                                    f"{reason}:slot={member}")
+            self._log.warning("member_declared_dead", generation=record.generation, slot=member,
+                              incarnation=inc, reason=reason,
+                              silent_s=round(self._observer.silent_for(f"hb/{member}"), 3))
+            return
+
+    def _is_open(self, current: int, record: GenerationRecord | None) -> bool:
+        """Generation current+1 may be decided once current ended (or never began)."""
+        if current == 0 or record is None or record.failed is not None:
+            return True
+        return self._store.check([keys.interrupt(current)])
+
+    def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float) -> bool:
+        joins = read_joins(self._store, generation)
+        live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
+                and self._alive(facts[j.slot])]
+        now = time.monotonic()
+        clock = self._open.setdefault(generation, _OpenGeneration(now, now))
+        if len(live) != clock.joiners_seen:
+            clock.joiners_seen, clock.last_change = len(live), now
+
+        joined_slots = {j.slot for j in live}
+        expected = {s for s, f in facts.items() if self._alive(f) or f.being_replaced}
+        everyone = expected <= joined_slots and (
+            generation > 1 or len(live) >= self._policy.target_world_size
+        )
+        last_call = now - clock.last_change >= self._timing.join_timeout
+        if not (everyone or last_call):
+            return False
+        decision = choose_members(live, self._policy)
+        if decision is None:
+            if now - clock.first_seen < self._timing.barrier_timeout:
+                return False
+            reason = (
+                f"only {len(live)} live process(es) joined generation {generation} within "
+                f"barrier_timeout={self._timing.barrier_timeout}s; min_world_size is "
+                f"{self._policy.min_world_size}; start more processes or lower min_world_size"
+            )
+            return self._write(self._failed_record(generation, reason, read_at))
+        members = decision.members
+        record = GenerationRecord(
+            generation=generation,
+            members=tuple(j.slot for j in members),
+            incarnations=tuple(j.incarnation for j in members),
+            leader=self._slot,
+            leader_term=self._claim.term if self._claim else 0,
+            target_world_size=self._policy.target_world_size,
+            heal_source=decision.heal_source,
+            start_step=max((j.step for j in members), default=-1),
+            spares=tuple(j.slot for j in decision.spares),
+            considered=tuple(sorted((j.slot, j.incarnation) for j in live)),
+            liveness_read_at=read_at,
+            steps=tuple(j.step for j in members),
+        )
+        return self._write(record, partial=not everyone)
+
+    def _failed_record(self, generation: int, reason: str, read_at: float) -> GenerationRecord:
+        return GenerationRecord(
+            generation=generation, members=(), incarnations=(), leader=self._slot,
+            leader_term=self._claim.term if self._claim else 0,
+            target_world_size=self._policy.target_world_size, liveness_read_at=read_at,
+            failed=reason,
+        )
+
+    def _write(self, record: GenerationRecord, partial: bool = False) -> bool:
+        text = record.to_json()
+        won = self._store.compare_set(keys.record(record.generation), "", text).decode() == text
+        if not won:
+            return True  # another leader decided first; its record stands
+        self._store.set(keys.CURRENT, str(record.generation))
+        if record.failed:
+            self._log.error("generation_failed", generation=record.generation, reason=record.failed)
+        else:
+            self._log.info("generation_decided", generation=record.generation,
+                           members=list(record.members), world_size=record.world_size,
+                           spares=list(record.spares), partial=partial,
+                           heal_source=record.heal_source, start_step=record.start_step)
+        self._forget(record.generation - self.KEEP_GENERATIONS)
+        self._open.pop(record.generation, None)
+        return True
+
+    def _forget(self, generation: int) -> None:
+        """Delete an old generation's keys, so a long job does not grow the store forever."""
+        if generation < 1:
+            return
+        count = read_int(self._store, keys.join_count(generation))
+        for key in (keys.record(generation), keys.joiners(generation), keys.join_count(generation),
+                    keys.interrupt(generation),
+                    keys.finished(generation), *(keys.join_signal(generation, n) for n in range(1, count + 1))):
+            self._store.delete_key(key)

@@ -1,0 +1,116 @@
+"""One process's membership in a job: its slot, incarnation and background threads."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.errors import FtcoordError
+from ftcoord.generation import GenerationClient
+from ftcoord.heartbeat import Heartbeat
+from ftcoord.leader import LeaderDuty
+from ftcoord.log import get_logger
+from ftcoord.monitor import InterruptMonitor
+from ftcoord.record import GenerationRecord
+from ftcoord.slots import register
+from ftcoord.store import StoreAddress, connect, job_store
+
+
+class Participant:
+    """Connects to the store, takes an incarnation of a slot and runs three threads.
+
+    Threads (each with its own store client, since a blocked `wait` holds a client):
+    the heartbeat, the leader duty (elect, watch liveness, decide records) and the
+    interrupt monitor. The caller's thread joins generations and reads `interrupted`.
+    """
+
+    def __init__(
+        self,
+        store: StoreAddress | str,
+        job_id: str,
+        slot: int,
+        policy: QuorumPolicy,
+        timing: Timing | None = None,
+        progress_timeout: float | None = None,
+    ) -> None:
+        if slot < 0:
+            raise FtcoordError(f"slot {slot} must be >= 0")
+        self.address = StoreAddress.parse(store) if isinstance(store, str) else store
+        self.job_id = job_id
+        self.slot = slot
+        self.policy = policy
+        self.timing = timing or Timing()
+        self.progress_timeout = progress_timeout
+        self.incarnation = 0
+        self.record: GenerationRecord | None = None
+        self._base: dist.TCPStore | None = None
+        self._log = get_logger(component="participant", slot=slot)
+
+    def start(self) -> Participant:
+        base = connect(self.address, deadline=self.timing.connect_timeout)
+        self._base = base
+        self.store = job_store(base, self.job_id)
+        self.incarnation = register(self.store, self.slot)
+        self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
+        self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing)
+        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval)
+        self.heartbeat.start()
+        self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
+                                 self.policy, self.progress_timeout)
+        self.leader.start()
+        self.monitor = InterruptMonitor(self._clone(), self.slot)
+        self.monitor.start()
+        self._log.info("participant_started", job_id=self.job_id, store=str(self.address))
+        return self
+
+    def _clone(self) -> dist.PrefixStore:
+        assert self._base is not None
+        return job_store(self._base.clone(), self.job_id)
+
+    def join(self, step: int = -1) -> GenerationRecord:
+        """Join the next generation that includes this process (see GenerationClient.join)."""
+        record = self.generations.join(step)
+        self.record = record
+        self.monitor.watch(record.generation)
+        return record
+
+    @property
+    def generation(self) -> int:
+        return self.record.generation if self.record else 0
+
+    @property
+    def rank(self) -> int | None:
+        return self.record.rank_of(self.slot, self.incarnation) if self.record else None
+
+    @property
+    def interrupted(self) -> bool:
+        """Cheap local check: was the current generation interrupted?"""
+        return self.monitor.fired
+
+    def interrupt(self, reason: str) -> None:
+        if self.record is not None:
+            self.generations.interrupt(self.record.generation, reason)
+
+    def finish(self) -> bool:
+        """The function returned; True when the whole job is done."""
+        assert self.record is not None, "finish() before join()"
+        return self.generations.finish(self.record)
+
+    def close(self, leaving: bool = True) -> None:
+        """Stop the threads, hand leadership over and say this incarnation left on purpose."""
+        self.monitor.stop()
+        self.leader.stop(release=True)
+        self.heartbeat.stop()
+        if leaving:
+            try:
+                self.store.set(keys.left(self.slot), str(self.incarnation))
+            except Exception:  # the store is gone: nothing to tell
+                pass
+        self._log.info("participant_closed")
+
+    def __enter__(self) -> Participant:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,82 @@
+"""The immutable record of one generation, and the join announcement that leads to it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """What a process announces when it asks to be in generation `generation`."""
+
+    generation: int
+    slot: int
+    incarnation: int
+    step: int = -1
+    """The training step whose state this process holds (-1: none)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> JoinRequest:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """Membership epoch `generation`: who trains, in which rank order, from which state.
+
+    Written once with `compare_set(gen/<g>/record, "", ...)`: the store is a single
+    linearizable server, so two processes that both think they lead cannot both decide g.
+    """
+
+    generation: int
+    members: tuple[int, ...]
+    """Slots in rank order: rank r is members[r]."""
+    incarnations: tuple[int, ...]
+    """The incarnation of each member, parallel to members."""
+    leader: int
+    """Slot of the process that decided this record."""
+    leader_term: int
+    target_world_size: int
+    heal_source: int | None = None
+    """Rank of the member holding the most advanced state (max step, lowest rank on ties)."""
+    start_step: int = -1
+    """The step the generation starts from: the heal source's step."""
+    spares: tuple[int, ...] = ()
+    """Live joiners left out (hot spares): they wait for the next generation."""
+    considered: tuple[tuple[int, int], ...] = ()
+    """Every (slot, incarnation) whose join the decision saw, members and spares alike."""
+    liveness_read_at: float = 0.0
+    """The leader's time.monotonic() when it last read liveness before deciding."""
+    failed: str | None = None
+    """Set instead of members when too few joined by barrier_timeout: why."""
+    steps: tuple[int, ...] = field(default=())
+    """The step each member announced, parallel to members."""
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def rank_of(self, slot: int, incarnation: int) -> int | None:
+        """This process's rank, or None when it is not a member (or a stale incarnation)."""
+        for rank, (member, inc) in enumerate(zip(self.members, self.incarnations)):
+            if member == slot and inc == incarnation:
+                return rank
+        return None
+
+    def was_considered(self, slot: int, incarnation: int) -> bool:
+        return (slot, incarnation) in self.considered
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> GenerationRecord:
+        data = json.loads(text)
+        for key in ("members", "incarnations", "spares", "steps"):
+            data[key] = tuple(data[key])
+        data["considered"] = tuple(tuple(pair) for pair in data["considered"])
+        return cls(**data)

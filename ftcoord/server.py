@@ -1,0 +1,167 @@
+"""`ftcoord-store`: a standalone TCPStore server that outlives every rank.
+
+It binds its own listening socket to the configured host (127.0.0.1 unless told
+otherwise) and hands it to TCPStore as `master_listen_fd`: left alone, TCPStore would
+listen on every interface, and the store has no authentication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ftcoord import log
+from ftcoord.errors import PortInUse, StoreUnavailable
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 29600
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen on host:port; port 0 picks a free one.
+
+    Raises:
+        PortInUse: the port is taken on that host.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(
+                f"port {port} on {host} is already in use; stop the process holding it "
+                f"(`ss -ltnp 'sport = :{port}'`) or pick another --port (0 picks a free one)"
+            ) from exc
+        raise
+    sock.listen(512)
+    return sock
+
+
+class StoreServer:
+    """A TCPStore server in this process, listening on a socket we bound ourselves."""
+
+    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        sock = bind_listen_socket(host, port)
+        self.host = host
+        self.port: int = sock.getsockname()[1]
+        # TCPStore owns the descriptor from here on (and closes it).
+        self._store = dist.TCPStore(
+            host,
+            self.port,
+            is_master=True,
+            master_listen_fd=sock.detach(),
+            wait_for_workers=False,
+            timeout=timedelta(seconds=30),
+            use_libuv=True,
+        )
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        """Stop serving (clients see DistNetworkError within milliseconds)."""
+        del self._store
+
+
+@dataclass
+class StoreProcess:
+    """A store server in a child process (embedded store for launchers, tests, demos)."""
+
+    process: subprocess.Popen[str]
+    address: str
+
+    @classmethod
+    def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0) -> StoreProcess:
+        """Start `python -m ftcoord.server` and wait for its ready line."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ftcoord.server", "--host", host, "--port", str(port), "--quiet"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        ready: dict[str, str] = {}
+
+        def read_ready_line() -> None:
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            if line:
+                ready.update(json.loads(line))
+
+        reader = threading.Thread(target=read_ready_line, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if "address" not in ready:
+            process.kill()
+            process.wait()
+            raise StoreUnavailable(
+                f"the store server on {host}:{port} did not start within {timeout:.0f}s "
+                f"(exit code {process.returncode}); run `ftcoord-store --host {host} "
+                f"--port {port}` by hand to see why"
+            )
+        return cls(process, ready["address"])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ftcoord-store",
+        description="Run the external TCPStore server that ftcoord jobs coordinate through. "
+        "It outlives every rank; stop it with SIGTERM or Ctrl-C. Prints one JSON line "
+        '{"event": "store_ready", "address": "HOST:PORT", ...} on stdout when it listens.',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help="interface to listen on; 0.0.0.0 exposes the store (no auth!) to the network")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
+    parser.add_argument("--log-file", default=None, help="also write JSON-lines events here")
+    parser.add_argument("--quiet", action="store_true", help="no terminal log (stdout ready line only)")
+    args = parser.parse_args(argv)
+
+    log.configure(args.log_file, console=not args.quiet)
+    logger = log.get_logger(component="store")
+    try:
+        server = StoreServer(args.host, args.port)
+    except PortInUse as exc:
+        print(f"ftcoord-store: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ftcoord-store: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(json.dumps({"event": "store_ready", "address": server.address, "host": server.host,
+                      "port": server.port, "pid": os.getpid()}), flush=True)
+    logger.info("store_ready", address=server.address)
+    while not stop.wait(3600):
+        pass
+    server.close()
+    logger.info("store_stopped", address=server.address)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

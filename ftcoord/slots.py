@@ -1,0 +1,71 @@
+"""What the store says about every slot of a job: registration and the facts of liveness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.store import get_or_none
+
+# Keys created (as "0") at registration, so multi_get never blocks on them.
+_ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
+
+
+def register(store: dist.Store, slot: int) -> int:
+    """Give this process a new incarnation of `slot` and list the slot in the job.
+
+    Returns the incarnation: it tells a restarted process apart from its ghost.
+    """
+    incarnation = int(store.add(keys.incarnation(slot), 1))
+    for key in _ZERO_KEYS:
+        store.compare_set(key(slot), "", "0")
+    store.add(keys.heartbeat(slot), 1)
+    if slot not in registered_slots(store):
+        store.append(keys.SLOTS, f"{slot},")
+    return incarnation
+
+
+def registered_slots(store: dist.Store) -> list[int]:
+    """Every slot that ever registered in this job, ascending."""
+    raw = get_or_none(store, keys.SLOTS)
+    if not raw:
+        return []
+    return sorted({int(s) for s in raw.decode().split(",") if s})
+
+
+@dataclass(frozen=True)
+class SlotFacts:
+    """One read of a slot's counters (a snapshot, taken with one multi_get)."""
+
+    slot: int
+    incarnation: int
+    heartbeat: int
+    progress: int
+    dead: int
+    left: int
+    replacing: int
+
+    def is_gone(self, incarnation: int | None = None) -> bool:
+        """Dead, left or superseded: `incarnation` (default: the newest) will not come back."""
+        inc = self.incarnation if incarnation is None else incarnation
+        return inc < self.incarnation or self.dead >= inc or self.left >= inc
+
+    @property
+    def being_replaced(self) -> bool:
+        """A launcher is starting a new incarnation for this dead slot right now."""
+        return self.replacing > self.incarnation
+
+
+def read_facts(store: dist.Store, slots: list[int]) -> dict[int, SlotFacts]:
+    """Read every slot's counters in one round trip."""
+    if not slots:
+        return {}
+    per_slot = (keys.incarnation, keys.heartbeat, keys.progress, keys.dead, keys.left, keys.replacing)
+    values = store.multi_get([key(slot) for slot in slots for key in per_slot])
+    facts = {}
+    for i, slot in enumerate(slots):
+        inc, hb, progress, dead, left, replacing = (int(v or 0) for v in values[i * 6 : i * 6 + 6])
+        facts[slot] = SlotFacts(slot, inc, hb, progress, dead, left, replacing)
+    return facts

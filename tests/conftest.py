@@ -1,0 +1,56 @@
+"""Shared fixtures: one real store server per session, one fork server, a job per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+from ftcoord import StoreServer  # noqa: E402
+from tests.helpers.cluster import Forker, Job  # noqa: E402
+
+FAST_TIMING = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.0, "join_timeout": 0.5,
+               "barrier_timeout": 15.0, "connect_timeout": 10.0}
+_job_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def store_server() -> Iterator[StoreServer]:
+    server = StoreServer("127.0.0.1", 0)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def forker() -> Iterator[Forker]:
+    f = Forker()
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def job_id(request: pytest.FixtureRequest) -> str:
+    """A fresh job id per test: jobs share the store server but not their keys."""
+    return f"{request.node.name[:60].replace('[', '-').replace(']', '')}-{os.getpid()}-{next(_job_numbers)}"
+
+
+@pytest.fixture
+def make_job(store_server: StoreServer, forker: Forker, job_id: str, tmp_path: Path) -> Iterator:
+    jobs: list[Job] = []
+
+    def make(target: int, min_world_size: int = 1, **timing: float) -> Job:
+        job = Job(forker, store_server.address, f"{job_id}-{len(jobs)}", tmp_path / f"job{len(jobs)}",
+                  target, min_world_size, {**FAST_TIMING, **timing})
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.kill_all()
