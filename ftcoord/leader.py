@@ -143,10 +143,11 @@ class LeaderDuty:
             try:
                 if get_or_none(self._store, keys.DONE) is not None:
                     return
+                read_at, facts = self._observe()
                 if self._claim is None:
-                    self._try_acquire()
+                    self._try_acquire(facts)
                 if self._claim is not None and self._still_leader():
-                    self._lead_once()
+                    self._lead_once(read_at, facts)
                 else:
                     self._stop.wait(self._timing.tick)
             except Exception as exc:  # store gone or broken: this thread cannot help
@@ -156,21 +157,29 @@ class LeaderDuty:
                 self._log.error("leader_duty_failed", error=str(exc))
                 return
 
-    def _try_acquire(self) -> None:
+    def _observe(self) -> tuple[float, dict[int, SlotFacts]]:
+        """Read every slot's counters and feed the observer (leader or not).
+
+        Every process keeps watching, so the one that takes over already has a history
+        and need not wait another full timeout before it can judge anyone.
+        """
+        slots = registered_slots(self._store)
+        read_at = time.monotonic()  # before the read: a dead mark older than this is seen
+        facts = read_facts(self._store, slots)
+        for slot, fact in facts.items():
+            self._observer.observe(f"hb/{slot}", fact.heartbeat)
+        return read_at, facts
+
+    def _try_acquire(self, facts: dict[int, SlotFacts]) -> None:
         first = LeaderClaim(1, self._slot, self._incarnation)
         holder = LeaderClaim.parse(self._store.compare_set(keys.LEADER, "", str(first)))
         if holder == first:
             self._become(first)
             return
         if holder.slot is not None:
-            facts = read_facts(self._store, [holder.slot]).get(holder.slot)
-            if facts is not None:
-                self._observer.observe(f"hb/{holder.slot}", facts.heartbeat)
-                alive = not facts.is_gone(holder.incarnation) and not self._observer.is_stale(
-                    f"hb/{holder.slot}"
-                )
-                if alive:
-                    return
+            fact = facts.get(holder.slot)
+            if fact is None or self._alive(fact, holder.incarnation):
+                return
         mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
         won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
         if won == str(mine):
@@ -178,7 +187,6 @@ class LeaderDuty:
 
     def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
         self._claim = claim
-        self._observer.reset()  # a fresh observer waits a full timeout before any verdict
         self._open.clear()
         self._log.info("leader_elected", term=claim.term,
                        previous=str(previous) if previous else None)
@@ -194,12 +202,7 @@ class LeaderDuty:
 
     # -- leading ------------------------------------------------------------------
 
-    def _lead_once(self) -> None:
-        slots = registered_slots(self._store)
-        read_at = time.monotonic()  # before the read: a mark older than this was seen
-        facts = read_facts(self._store, slots)
-        for slot, fact in facts.items():
-            self._observer.observe(f"hb/{slot}", fact.heartbeat)
+    def _lead_once(self, read_at: float, facts: dict[int, SlotFacts]) -> None:
         current = current_generation(self._store)
         record = read_record(self._store, current) if current else None
         if record is not None and record.failed is None:

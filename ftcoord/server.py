@@ -7,11 +7,8 @@ listen on every interface, and the store has no authentication.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +18,6 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ftcoord import log
 from ftcoord.errors import PortInUse, StoreUnavailable
 
 DEFAULT_HOST = "127.0.0.1"
@@ -89,7 +85,7 @@ class StoreProcess:
     def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0) -> StoreProcess:
         """Start `python -m ftcoord.server` and wait for its ready line."""
         process = subprocess.Popen(
-            [sys.executable, "-m", "ftcoord.server", "--host", host, "--port", str(port), "--quiet"],
+            [sys.executable, "-m", "ftcoord.store_main", "--host", host, "--port", str(port), "--quiet"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -122,46 +118,3 @@ class StoreProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ftcoord-store",
-        description="Run the external TCPStore server that ftcoord jobs coordinate through. "
-        "It outlives every rank; stop it with SIGTERM or Ctrl-C. Prints one JSON line "
-        '{"event": "store_ready", "address": "HOST:PORT", ...} on stdout when it listens.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--host", default=DEFAULT_HOST,
-                        help="interface to listen on; 0.0.0.0 exposes the store (no auth!) to the network")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
-    parser.add_argument("--log-file", default=None, help="also write JSON-lines events here")
-    parser.add_argument("--quiet", action="store_true", help="no terminal log (stdout ready line only)")
-    args = parser.parse_args(argv)
-
-    log.configure(args.log_file, console=not args.quiet)
-    logger = log.get_logger(component="store")
-    try:
-        server = StoreServer(args.host, args.port)
-    except PortInUse as exc:
-        print(f"ftcoord-store: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"ftcoord-store: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
-        return 2
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    print(json.dumps({"event": "store_ready", "address": server.address, "host": server.host,
-                      "port": server.port, "pid": os.getpid()}), flush=True)
-    logger.info("store_ready", address=server.address)
-    while not stop.wait(3600):
-        pass
-    server.close()
-    logger.info("store_stopped", address=server.address)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

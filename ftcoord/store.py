@@ -70,12 +70,14 @@ def connect(
     started = time.monotonic()
 
     def attempt() -> dist.TCPStore:
+        # One attempt may use all the time left: TCPStore itself retries a refused
+        # connection, and a slow reverse-DNS lookup can take seconds on its own.
         left = max(0.2, deadline - (time.monotonic() - started))
         store = dist.TCPStore(
             addr.host,
             addr.port,
             is_master=False,
-            timeout=timedelta(seconds=min(2.0, left)),
+            timeout=timedelta(seconds=left),
             wait_for_workers=False,
         )
         store.set_timeout(op_timeout)

@@ -81,6 +81,7 @@ class Job:
     extra_args: list[str] = field(default_factory=list)
     members: list[Member] = field(default_factory=list)
     marks: list[tuple[int, int, float]] = field(default_factory=list)  # (slot, inc, mono)
+    killed: set[int] = field(default_factory=set)  # pids this test killed on purpose
 
     def __post_init__(self) -> None:
         self.client = job_store(connect(StoreAddress.parse(self.store)), self.job_id)
@@ -118,6 +119,7 @@ class Job:
     def kill(self, member: Member, mark: bool = True) -> None:
         """SIGKILL a member, wait for it to be gone, then (like a launcher) mark it dead."""
         os.kill(member.pid, signal.SIGKILL)
+        self.killed.add(member.pid)
         wait_until(lambda: not self.alive(member), 10, f"pid {member.pid} to die")
         if mark:
             assert member.incarnation is not None
@@ -146,12 +148,15 @@ class Job:
         return wait_until(found, timeout, what)
 
     def finish(self, timeout: float = 30) -> dict[int, int]:
-        """Ask every member to finish; wait for every process; return pid -> exit code."""
+        """Ask every member to finish; wait for every process.
+
+        Returns pid -> exit code of every member the test did not kill.
+        """
         self.client.set("test/stop", "1")
         wait_until(lambda: all(not self.alive(m) for m in self.members), timeout,
                    "every member process to exit")
         exited = self.forker.exited()
-        return {m.pid: exited[m.pid] for m in self.members}
+        return {m.pid: exited[m.pid] for m in self.members if m.pid not in self.killed}
 
     def kill_all(self) -> None:
         for member in self.members:

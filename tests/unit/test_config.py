@@ -1,0 +1,52 @@
+"""Timing and quorum settings: sane defaults, and bad values refused with a clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftcoord import ConfigError, QuorumPolicy, Timing
+
+
+def test_defaults_are_consistent() -> None:
+    timing = Timing()
+    assert timing.heartbeat_interval < timing.heartbeat_timeout < timing.barrier_timeout
+    assert timing.join_timeout < timing.barrier_timeout
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"heartbeat_interval": 0}, "heartbeat_interval=0 must be a positive"),
+        ({"heartbeat_interval": -1.0}, "heartbeat_interval=-1.0"),
+        ({"heartbeat_timeout": float("nan")}, "heartbeat_timeout=nan"),
+        ({"heartbeat_interval": 2.0, "heartbeat_timeout": 3.0}, "at least twice heartbeat_interval=2.0s"),
+        ({"heartbeat_timeout": 10.0, "barrier_timeout": 10.0}, "must be below barrier_timeout=10.0s"),
+        ({"join_timeout": 30.0, "barrier_timeout": 20.0}, "join_timeout=30.0s must be below"),
+    ],
+)
+def test_invalid_timing_is_refused_naming_the_values(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        Timing(**settings)
+
+
+def test_quorum_policy_accepts_only_divisors_of_the_global_batch() -> None:
+    policy = QuorumPolicy(target_world_size=4, min_world_size=1, global_batch=8)
+    assert [n for n in range(1, 6) if policy.accepts(n)] == [1, 2, 4]
+
+
+def test_quorum_policy_refuses_a_size_range_with_no_divisor() -> None:
+    with pytest.raises(ConfigError, match=r"divides global_batch=7; pick one of \[1, 7\]"):
+        QuorumPolicy(target_world_size=4, min_world_size=2, global_batch=7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"target_world_size": 0}, "target world size 0"),
+        ({"target_world_size": 2, "min_world_size": 3}, "min_world_size=3 must be between 1 and"),
+        ({"target_world_size": 4, "max_world_size": 2}, "max_world_size=2 is below"),
+    ],
+)
+def test_quorum_policy_refuses_inconsistent_sizes(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        QuorumPolicy(**kwargs)

@@ -1,0 +1,68 @@
+"""Participants in threads against a real store: the steady state costs no store op."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing
+from tests.helpers.wait import wait_until
+
+FAST = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.5, barrier_timeout=10.0)
+
+
+class ExplodingStore:
+    """Stands in for the main thread's store client: any call fails the test."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"store operation {name!r} on the step path")
+
+
+def test_two_participants_agree_and_the_step_path_does_no_store_operation(
+    store_server: StoreServer, job_id: str
+) -> None:
+    policy = QuorumPolicy(2)
+    parts = [Participant(store_server.address, job_id, slot, policy, FAST).start() for slot in (0, 1)]
+    records: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda p=p: records.__setitem__(p.slot, p.join(0))) for p in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert records[0] == records[1] and records[0].members == (0, 1)  # type: ignore[attr-defined]
+
+    main_store, main_gens = parts[0].store, parts[0].generations._store
+    parts[0].store = parts[0].generations._store = ExplodingStore()  # type: ignore[assignment]
+    for _ in range(10_000):  # what a training loop does at every step
+        assert not parts[0].interrupted
+        parts[0].heartbeat.ping()
+    parts[0].store, parts[0].generations._store = main_store, main_gens
+
+    parts[1].interrupt("test")
+    wait_until(lambda: parts[0].interrupted, 5, "the interrupt to reach the other participant")
+    assert parts[0].monitor.reason == "test"
+    for p in parts:
+        p.close()
+
+
+def test_exactly_one_leader_among_participants(store_server: StoreServer, job_id: str) -> None:
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(3), FAST).start() for slot in range(3)]
+    try:
+        wait_until(lambda: sum(p.leader.is_leader for p in parts) == 1, 5, "a leader")
+        assert sum(p.leader.is_leader for p in parts) == 1
+    finally:
+        for p in parts:
+            p.close()
+
+
+@pytest.mark.timeout(30)
+def test_leadership_is_handed_over_on_clean_exit(store_server: StoreServer, job_id: str) -> None:
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
+    wait_until(lambda: any(p.leader.is_leader for p in parts), 5, "a leader")
+    leader = next(p for p in parts if p.leader.is_leader)
+    other = next(p for p in parts if p is not leader)
+    leader.close()
+    # A released claim is taken at the next tick, not after a heartbeat timeout.
+    wait_until(lambda: other.leader.is_leader, FAST.heartbeat_timeout * 0.8, "the other to lead")
+    other.close()

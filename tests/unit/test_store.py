@@ -1,0 +1,116 @@
+"""Store server and client: bind where told, clear errors, per-job key prefixes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from ftcoord import ConfigError, PortInUse, StoreAddress, StoreServer, StoreUnavailable, connect, job_store, mark_dead
+from ftcoord.server import bind_listen_socket
+from ftcoord.store import check_job_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_store_raises_store_unavailable_within_the_deadline() -> None:
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port} within 1.5s"):
+        connect(f"127.0.0.1:{port}", deadline=1.5)
+    assert time.monotonic() - started < 1.5 + 2.5
+
+
+def test_taken_port_is_a_clear_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"port {port} on 127.0.0.1 is already in use"):
+            bind_listen_socket("127.0.0.1", port)
+
+
+def test_server_listens_only_on_the_configured_host(store_server: StoreServer) -> None:
+    client = connect(store_server.address, deadline=5)
+    client.set("probe", "1")
+    with socket.socket() as s:  # 127.0.0.2 reaches this host, but we did not bind it
+        s.settimeout(2)
+        with pytest.raises(OSError):
+            s.connect(("127.0.0.2", store_server.port))
+
+
+def test_jobs_sharing_a_server_do_not_see_each_other(store_server: StoreServer) -> None:
+    client = connect(store_server.address, deadline=5)
+    a, b = job_store(client, "job-a"), job_store(client, "job-b")
+    a.set("gen/current", "5")
+    assert not b.check(["gen/current"])
+    assert client.get("ftcoord/job-a/gen/current") == b"5"
+
+
+def test_mark_dead_only_moves_forward(store_server: StoreServer) -> None:
+    store = job_store(connect(store_server.address, deadline=5), "mark-dead")
+    mark_dead(store, 3, 2)
+    mark_dead(store, 3, 1)
+    assert store.get("slot/3/dead") == b"2"
+    mark_dead(store, 3, 5)
+    assert store.get("slot/3/dead") == b"5"
+
+
+@pytest.mark.parametrize("text", ["localhost", "host:99999", ":12", "a:b"])
+def test_bad_store_address_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="store"):
+        StoreAddress.parse(text)
+
+
+def test_ipv6_address_parses() -> None:
+    assert StoreAddress.parse("[::1]:29600") == StoreAddress("::1", 29600)
+
+
+@pytest.mark.parametrize("job_id", ["", "a/b", "-x", "x" * 200, "sp ace"])
+def test_bad_job_id_is_refused(job_id: str) -> None:
+    with pytest.raises(ConfigError, match="job id"):
+        check_job_id(job_id)
+
+
+def run_cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ftcoord.store_main", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_cli_port_zero_prints_the_port_and_stops_cleanly_on_sigterm() -> None:
+    proc = run_cli("--port", "0", "--quiet")
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["event"] == "store_ready" and ready["host"] == "127.0.0.1" and ready["port"] > 0
+        client = connect(ready["address"], deadline=5)
+        client.set("k", "v")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(20) == 0
+        with pytest.raises(dist.DistNetworkError):
+            client.get("k")
+    finally:
+        proc.kill()
+
+
+def test_cli_taken_port_is_a_one_line_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        proc = run_cli("--port", str(port), "--quiet")
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [lines[0]] and f"port {port} on 127.0.0.1 is already in use" in lines[0]
