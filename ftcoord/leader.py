@@ -222,7 +222,7 @@ class LeaderDuty:
     def _interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts]) -> None:
         if self._store.check([keys.interrupt(record.generation)]):
             return
-        for member, inc in zip(record.members, record.incarnations):
+        for member, inc in zip(record.members, record.incarnations, strict=True):
             fact = facts.get(member)
             if fact is None:
                 continue

@@ -62,7 +62,7 @@ class GenerationRecord:
 
     def rank_of(self, slot: int, incarnation: int) -> int | None:
         """This process's rank, or None when it is not a member (or a stale incarnation)."""
-        for rank, (member, inc) in enumerate(zip(self.members, self.incarnations)):
+        for rank, (member, inc) in enumerate(zip(self.members, self.incarnations, strict=True)):
             if member == slot and inc == incarnation:
                 return rank
         return None

@@ -65,7 +65,7 @@ def _run_schedule(job: Job, rng: random.Random, n: int) -> None:
     incarnations = {slot: m.incarnation for slot, m in live.items()}
     job.wait_record(
         lambda r: sorted(r["members"]) == list(range(n))
-        and all(incarnations[s] == i for s, i in zip(r["members"], r["incarnations"])),
+        and all(incarnations[s] == i for s, i in zip(r["members"], r["incarnations"], strict=True)),
         60, f"all {n} slots back in one generation",
     )
     codes = job.finish(timeout=60)
@@ -90,7 +90,7 @@ def check_invariants(events: list[dict], marks: list[tuple[int, int, float]]) ->
 
     for texts in by_generation.values():
         record = json.loads(next(iter(texts)))
-        for slot, inc in zip(record["members"], record["incarnations"]):
+        for slot, inc in zip(record["members"], record["incarnations"], strict=True):
             for mark_slot, mark_inc, marked_at in marks:
                 assert not (mark_slot == slot and mark_inc == inc and marked_at < record["liveness_read_at"]), (
                     f"generation {record['generation']} lists slot {slot} incarnation {inc}, "
