@@ -28,6 +28,8 @@ class GenerationClient:
         self.slot = slot
         self.incarnation = incarnation
         self._timing = timing
+        # A stop that ended an earlier run of this job must not end this one.
+        self.stale_stopped = get_or_none(store, keys.STOPPED)
         self._log = get_logger(component="generation", slot=slot, incarnation=incarnation)
 
     def current(self) -> int:
@@ -68,25 +70,40 @@ class GenerationClient:
     def is_interrupted(self, generation: int) -> bool:
         return bool(self._store.check([keys.interrupt(generation)]))
 
-    def finish(self, record: GenerationRecord) -> bool:
-        """Report that the function returned here; wait until the job is done.
+    def finish(self, record: GenerationRecord, stopping: bool = False) -> bool:
+        """Report that the function returned here; wait until every member did.
+
+        Args:
+            stopping: the function returned because a stop (preemption) was requested:
+                the job ends as *stopped* (a relaunch resumes it), not as done.
 
         Returns:
-            True when every member finished (the job is done); False when the generation
-            was interrupted first, so this process must join the next one.
+            True when every member finished; False when the generation was interrupted
+            first, so this process must join the next one.
         """
         finished = int(self._store.add(keys.finished(record.generation), 1))
         if finished >= record.world_size:
-            self._store.set(keys.DONE, str(record.generation))
-            self._log.info("job_done", generation=record.generation)
+            if stopping:
+                self._store.set(keys.STOPPED, str(record.generation))
+                self._log.info("job_stopped", generation=record.generation)
+            else:
+                self._store.set(keys.DONE, str(record.generation))
+                self._log.info("job_done", generation=record.generation)
         while True:
             if wait_for_key(self._store, keys.DONE, self._timing.heartbeat_interval):
+                return True
+            if self.is_stopped():
                 return True
             if self.is_interrupted(record.generation):
                 return False
 
     def is_done(self) -> bool:
         return bool(self._store.check([keys.DONE]))
+
+    def is_stopped(self) -> bool:
+        """Every member of some generation of this run returned through should_stop."""
+        stopped = get_or_none(self._store, keys.STOPPED)
+        return stopped is not None and stopped != self.stale_stopped
 
     def _announce(self, generation: int, step: int) -> None:
         join = JoinRequest(generation, self.slot, self.incarnation, step)
@@ -125,7 +142,7 @@ class GenerationClient:
                 record = self.record(generation)
                 if record is not None:
                     return record
-            if get_or_none(self._store, keys.DONE) is not None:
+            if self.is_done() or self.is_stopped():
                 raise JobFinished(f"job finished while slot {self.slot} waited for generation {generation}")
             if deadline is None and self._previous_ended(generation):
                 t = self._timing

@@ -9,6 +9,8 @@ SLOTS = "slots"  # append-only list "slot,slot,..." of every slot that ever regi
 LEADER = "leader"  # "term:slot:incarnation" of the process that proposes records
 CURRENT = "gen/current"  # a hint: the newest decided generation (walk forward to be sure)
 DONE = "done"  # set when the job completed: every process exits 0
+STOP = "stop"  # "generation:slot:incarnation" of the first process asked to stop (SIGTERM)
+STOPPED = "stopped"  # the generation in which every member returned through should_stop
 
 
 def registered(slot: int) -> str:

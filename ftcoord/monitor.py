@@ -1,13 +1,14 @@
 """The interrupt watch: a thread that waits on `gen/<g>/interrupt` and flags the trainer.
 
-The training thread only reads a local flag at each step boundary (`interrupted`), so the
-steady-state step does no store operation at all.
+The training thread only reads local flags at each step boundary (`interrupted`,
+`should_stop`), so the steady-state step does no store operation at all. The same thread
+carries a stop request (SIGTERM) to the whole job: the first process asked to stop writes
+the `stop` key and interrupts the generation, so every member stops at the same step.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -19,17 +20,21 @@ from ftcoord.store import get_or_none, wait_for_key
 class InterruptMonitor:
     """Watches one generation at a time, on its own store client."""
 
-    def __init__(self, store: dist.Store, slot: int, slice_s: float = 0.1) -> None:
+    def __init__(self, store: dist.Store, slot: int, incarnation: int, slice_s: float = 0.1) -> None:
         self._store = store
+        self._slot = slot
+        self._incarnation = incarnation
         self._slice_s = slice_s
         self._lock = threading.Lock()
         self._generation: int | None = None
         self._fired = threading.Event()
-        self._callbacks: list[Callable[[int, str], None]] = []
         self._stop = threading.Event()
+        self._local_stop = threading.Event()
+        self._stale_stop = get_or_none(store, keys.STOP)  # a stop of an earlier run of this job
+        self.stop_requested = threading.Event()
         self.reason: str | None = None
         self.failed: BaseException | None = None
-        self._log = get_logger(component="monitor", slot=slot)
+        self._log = get_logger(component="monitor", slot=slot, incarnation=incarnation)
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-monitor-{slot}", daemon=True)
 
     def start(self) -> None:
@@ -40,16 +45,16 @@ class InterruptMonitor:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(self._slice_s + 2.0)
 
-    def on_interrupt(self, callback: Callable[[int, str], None]) -> None:
-        """Called from the monitor thread when the watched generation is interrupted."""
-        self._callbacks.append(callback)
-
     def watch(self, generation: int) -> None:
-        """Switch to a new generation (clears the flag)."""
+        """Switch to a new generation (clears the interrupt flag)."""
         with self._lock:
             self._generation = generation
             self._fired.clear()
             self.reason = None
+
+    def request_stop(self) -> None:
+        """Ask the whole job to stop (safe to call from a signal handler)."""
+        self._local_stop.set()
 
     @property
     def fired(self) -> bool:
@@ -63,13 +68,18 @@ class InterruptMonitor:
         while not self._stop.is_set():
             with self._lock:
                 generation = self._generation
-            if generation is None or self._fired.is_set():
-                self._stop.wait(self._slice_s)
-                continue
             try:
-                if not wait_for_key(self._store, keys.interrupt(generation), self._slice_s):
+                self._carry_stop(generation)
+                if generation is None or self._fired.is_set():
+                    self._stop.wait(self._slice_s)
                     continue
-                reason = (get_or_none(self._store, keys.interrupt(generation)) or b"").decode()
+                if wait_for_key(self._store, keys.interrupt(generation), self._slice_s):
+                    reason = (get_or_none(self._store, keys.interrupt(generation)) or b"").decode()
+                elif int(get_or_none(self._store, keys.CURRENT) or 0) > generation:
+                    # Decided past us while we were paused: its keys may be gone already.
+                    reason = "superseded"
+                else:
+                    continue
             except Exception as exc:  # store gone: the trainer will see it on its own
                 if not self._stop.is_set():
                     self.failed = exc
@@ -82,5 +92,15 @@ class InterruptMonitor:
                 self.reason = reason
                 self._fired.set()
             self._log.info("generation_interrupted", generation=generation, reason=reason)
-            for callback in self._callbacks:
-                callback(generation, reason)
+
+    def _carry_stop(self, generation: int | None) -> None:
+        """Publish a local stop request; notice one made anywhere in the job."""
+        if self._local_stop.is_set() and not self.stop_requested.is_set():
+            value = f"{generation or 0}:{self._slot}:{self._incarnation}"
+            self._store.compare_set(keys.STOP, (self._stale_stop or b"").decode(), value)
+            self._log.info("stop_requested", generation=generation)
+        requested = get_or_none(self._store, keys.STOP)
+        if requested is not None and requested != self._stale_stop and not self.stop_requested.is_set():
+            self.stop_requested.set()
+            if generation is not None:
+                self._store.compare_set(keys.interrupt(generation), "", f"stop:slot={self._slot}")

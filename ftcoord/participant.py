@@ -59,7 +59,7 @@ class Participant:
         self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
                                  self.policy, self.progress_timeout)
         self.leader.start()
-        self.monitor = InterruptMonitor(self._clone(), self.slot)
+        self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation)
         self.monitor.start()
         self._log.info("participant_started", job_id=self.job_id, store=str(self.address))
         return self
@@ -92,10 +92,15 @@ class Participant:
         if self.record is not None:
             self.generations.interrupt(self.record.generation, reason)
 
+    @property
+    def should_stop(self) -> bool:
+        """A stop (preemption) was requested anywhere in the job: finish the step and return."""
+        return self.monitor.stop_requested.is_set()
+
     def finish(self) -> bool:
-        """The function returned; True when the whole job is done."""
+        """The function returned; True when every member did (the job is done or stopped)."""
         assert self.record is not None, "finish() before join()"
-        return self.generations.finish(self.record)
+        return self.generations.finish(self.record, stopping=self.should_stop)
 
     def close(self, leaving: bool = True) -> None:
         """Stop the threads, hand leadership over and say this incarnation left on purpose."""
