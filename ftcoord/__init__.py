@@ -1,5 +1,6 @@
 """ftcoord: fault-tolerant coordination for PyTorch data-parallel training."""
 
+from ftcoord.call import CallWrapper, GenerationInterrupted
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import (
     ConfigError,
@@ -14,8 +15,13 @@ from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
 from ftcoord.server import StoreProcess, StoreServer
 from ftcoord.store import StoreAddress, connect, job_store
+from ftcoord.wrapper import RestartsExhausted, Wrapper
 
 __all__ = [
+    "CallWrapper",
+    "GenerationInterrupted",
+    "RestartsExhausted",
+    "Wrapper",
     "ConfigError",
     "FtcoordError",
     "GenerationRecord",

@@ -5,6 +5,8 @@ The launcher sets them for its children; torchrun and SLURM set the fallbacks.
 
 from __future__ import annotations
 
+import os
+
 STORE_ENV: str = "FTCOORD_STORE"  # "host:port" of the external TCPStore
 JOB_ID_ENV: str = "FTCOORD_JOB_ID"
 SLOT_ENV: str = "FTCOORD_SLOT"
@@ -21,3 +23,35 @@ SLURM_NTASKS_ENV: str = "SLURM_NTASKS"
 
 DEFAULT_STORE: str = "127.0.0.1:29600"
 DEFAULT_JOB_ID: str = "default"
+
+LOCAL_RANK_ENV: str = "LOCAL_RANK"
+TORCHELASTIC_RUN_ID_ENV: str = "TORCHELASTIC_RUN_ID"
+SLURM_JOB_ID_ENV: str = "SLURM_JOB_ID"
+
+
+def _first(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def store_from_env() -> str:
+    """FTCOORD_STORE, else 127.0.0.1:29600 (ftcoord-store's default)."""
+    return _first(STORE_ENV) or DEFAULT_STORE
+
+
+def job_id_from_env() -> str:
+    """FTCOORD_JOB_ID, else torchrun's run id, else SLURM's job id, else "default"."""
+    return _first(JOB_ID_ENV, TORCHELASTIC_RUN_ID_ENV, SLURM_JOB_ID_ENV) or DEFAULT_JOB_ID
+
+
+def slot_from_env() -> int:
+    """FTCOORD_SLOT, else RANK (torchrun), else SLURM_PROCID, else 0."""
+    return int(_first(SLOT_ENV, TORCHRUN_RANK_ENV, SLURM_PROCID_ENV) or 0)
+
+
+def world_size_from_env() -> int:
+    """The job's target world size: FTCOORD_WORLD_SIZE, else WORLD_SIZE, else SLURM_NTASKS."""
+    return int(_first(WORLD_SIZE_ENV, TORCHRUN_WORLD_SIZE_ENV, SLURM_NTASKS_ENV) or 1)

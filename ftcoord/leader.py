@@ -262,7 +262,12 @@ class LeaderDuty:
             clock.joiners_seen, clock.last_change = len(live), now
 
         joined_slots = {j.slot for j in live}
-        expected = {s for s, f in facts.items() if self._alive(f) or f.being_replaced}
+        expected = {s for s, f in facts.items() if self._alive(f)}
+        if len(live) < self._policy.target_world_size:
+            # Below target: wait (up to join_timeout) for replacements a launcher is
+            # starting, rather than shrink now and grow back a moment later. At target
+            # (a hot spare stepped in) there is nothing to wait for.
+            expected |= {s for s, f in facts.items() if f.being_replaced}
         everyone = expected <= joined_slots and (
             generation > 1 or len(live) >= self._policy.target_world_size
         )

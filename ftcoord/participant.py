@@ -68,6 +68,10 @@ class Participant:
         assert self._base is not None
         return job_store(self._base.clone(), self.job_id)
 
+    def clone_store(self) -> dist.PrefixStore:
+        """A new client for this job's keys (one per thread or per long-lived user)."""
+        return self._clone()
+
     def join(self, step: int = -1) -> GenerationRecord:
         """Join the next generation that includes this process (see GenerationClient.join)."""
         record = self.generations.join(step)

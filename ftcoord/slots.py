@@ -10,7 +10,7 @@ from ftcoord import keys
 from ftcoord.store import get_or_none
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
-_ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
+_ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence, keys.atomic)
 
 
 def register(store: dist.Store, slot: int) -> int:

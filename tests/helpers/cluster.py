@@ -47,8 +47,11 @@ class Forker:
             self._proc.stdin.flush()
             return json.loads(self._readline(30))
 
-    def spawn(self, argv: list[str], out: Path) -> int:
-        return int(self._ask({"spawn": argv, "out": str(out)})["pid"])
+    def spawn(self, argv: list[str], out: Path, target: str = "tests.helpers.member",
+              env: dict[str, str] | None = None) -> int:
+        """Fork a child that runs `target.main(argv)` with `env` added to its environment."""
+        request = {"spawn": argv, "out": str(out), "target": target, "env": env or {}}
+        return int(self._ask(request)["pid"])
 
     def exited(self) -> dict[int, int]:
         return {int(k): v for k, v in self._ask({"status": True})["exited"].items()}

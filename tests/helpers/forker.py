@@ -5,7 +5,8 @@ dozens of processes would spend minutes on it. Children forked from this process
 runs no threads) are real processes: they get real SIGKILL/SIGSTOP and die for real.
 
 Protocol on stdin/stdout, one JSON object a line:
-  {"spawn": [argv...], "out": PATH} -> {"pid": N}
+  {"spawn": [argv...], "out": PATH, "target": MODULE, "env": {...}} -> {"pid": N}
+     (the child runs MODULE.main(argv); target defaults to tests.helpers.member)
   {"status": true}                  -> {"exited": {pid: code}}  (code < 0: killed by signal)
 """
 
@@ -16,8 +17,10 @@ import os
 import signal
 import sys
 
+import importlib
+
 import ftcoord  # noqa: F401 - the expensive import, done once before any fork
-from tests.helpers import member
+from tests.helpers import allreduce_job, member  # noqa: F401 - preloaded for the children
 
 _exited: dict[int, int] = {}
 
@@ -33,16 +36,17 @@ def _reap(*_: object) -> None:
         _exited[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _child(argv: list[str], out: str) -> None:
+def _child(argv: list[str], out: str, target: str, env: dict[str, str]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    os.environ.update(env)
     code = 1
     try:
-        code = member.main(argv)
+        code = importlib.import_module(target).main(argv)
     except BaseException:
         import traceback
 
@@ -61,7 +65,8 @@ def main() -> None:
         if "spawn" in request:
             pid = os.fork()
             if pid == 0:
-                _child(request["spawn"], request["out"])
+                _child(request["spawn"], request["out"], request.get("target", "tests.helpers.member"),
+                       request.get("env", {}))
             print(json.dumps({"pid": pid}), flush=True)
         elif "status" in request:
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])

@@ -1,0 +1,193 @@
+"""CallWrapper: what the wrapped training function sees of its generation."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.env import LOCAL_RANK_ENV
+from ftcoord.errors import FtcoordError
+from ftcoord.log import get_logger
+from ftcoord.participant import Participant
+from ftcoord.record import GenerationRecord
+
+
+class GenerationInterrupted(FtcoordError):
+    """Raised by `CallWrapper.check()`: leave this generation; the wrapper rejoins."""
+
+
+# Messages of collectives that failed because a peer went away (gloo, NCCL).
+_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout",
+                         "Timed out waiting", "NCCL communicator was aborted", "Broken pipe")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether an exception is a collective that failed because of a peer, not this rank.
+
+    Such restarts are collateral: they do not count against this rank's max_restarts.
+    """
+    if isinstance(exc, (GenerationInterrupted, dist.DistNetworkError, dist.DistBackendError)):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _PEER_FAILURE_MARKERS)
+
+
+def default_backend() -> str:
+    """nccl when this process has a GPU, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class CallWrapper:
+    """One generation of the wrapped function: its identity, its group, its signals.
+
+    The checks a training loop makes at every step (`interrupted`, `should_stop`,
+    `check()`, `ping()`) read or bump local state only: no store operation.
+    """
+
+    def __init__(
+        self,
+        participant: Participant,
+        record: GenerationRecord,
+        restarts: int,
+        pg_store: dist.Store,
+        pg_timeout: timedelta,
+    ) -> None:
+        self._participant = participant
+        self.record = record
+        self.restarts = restarts
+        """How many times this process restarted the function in-process so far."""
+        self._pg_store = pg_store
+        self._pg_timeout = pg_timeout
+        self._group: dist.ProcessGroup | None = None
+        self._backend: str | None = None
+        self._atomic_depth = 0
+        self.step: int = -1
+        """The last step this process committed; set it so the next join can report it."""
+        self._log = get_logger(component="call", slot=participant.slot, generation=record.generation)
+
+    # -- identity -------------------------------------------------------------------
+
+    @property
+    def iteration(self) -> int:
+        """The globally unique generation number (equal on every member)."""
+        return self.record.generation
+
+    @property
+    def rank(self) -> int:
+        rank = self.record.rank_of(self._participant.slot, self._participant.incarnation)
+        assert rank is not None
+        return rank
+
+    @property
+    def world_size(self) -> int:
+        return self.record.world_size
+
+    @property
+    def slot(self) -> int:
+        return self._participant.slot
+
+    @property
+    def incarnation(self) -> int:
+        return self._participant.incarnation
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """Slots in rank order."""
+        return self.record.members
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process currently leads coordination (it can change at any time)."""
+        return self._participant.leader.is_leader
+
+    @property
+    def store(self) -> dist.Store:
+        """The job-scoped store (keys under `ftcoord/<job_id>/`)."""
+        return self._participant.store
+
+    # -- signals ----------------------------------------------------------------------
+
+    @property
+    def interrupted(self) -> bool:
+        """The generation was interrupted (a peer died, hung or rejoined): leave it soon."""
+        return self._participant.interrupted
+
+    @property
+    def should_stop(self) -> bool:
+        """Preemption was requested: finish the step, checkpoint, return."""
+        return self._participant.should_stop
+
+    def check(self) -> None:
+        """Raise GenerationInterrupted when interrupted (not inside `atomic()`)."""
+        if self._atomic_depth == 0 and self._participant.interrupted:
+            raise GenerationInterrupted(
+                f"generation {self.iteration} was interrupted ({self._participant.monitor.reason})"
+            )
+
+    def ping(self) -> None:
+        """Progress heartbeat: a rank that stops pinging for progress_timeout is hung."""
+        self._participant.heartbeat.ping()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A section a restart must not cut in half (a checkpoint commit, say).
+
+        `check()` does not raise inside it, and the launcher defers fencing this process
+        while it is inside (up to its grace period).
+        """
+        self._atomic_depth += 1
+        if self._atomic_depth == 1:
+            self.store.set(keys.atomic(self.slot), str(self.incarnation))
+        try:
+            yield
+        finally:
+            self._atomic_depth -= 1
+            if self._atomic_depth == 0:
+                self.store.set(keys.atomic(self.slot), "0")
+
+    # -- process group ------------------------------------------------------------------
+
+    def init_process_group(self, backend: str | None = None) -> dist.ProcessGroup:
+        """Create this generation's default process group over the external store.
+
+        Its rendezvous keys live under `gen/<g>/pg`, so generations never collide, and no
+        second rendezvous server is started.
+        """
+        if self._group is not None:
+            return self._group
+        self._backend = backend or default_backend()
+        device_id = None
+        if self._backend == "nccl":
+            device_id = torch.device("cuda", int(os.environ.get(LOCAL_RANK_ENV, "0")))
+            torch.cuda.set_device(device_id)
+        store = dist.PrefixStore(keys.process_group(self.iteration), self._pg_store)
+        dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=self._pg_timeout, device_id=device_id)
+        self._group = dist.group.WORLD
+        self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
+                       world_size=self.world_size)
+        return self._group
+
+    def process_group(self) -> dist.ProcessGroup:
+        """This generation's process group (created on first use, default backend)."""
+        return self.init_process_group()
+
+    def teardown(self) -> None:
+        """Destroy what this generation created, so the next one starts clean."""
+        if self._group is None:
+            return
+        try:
+            if self._backend == "nccl":
+                # NCCL can abort in-flight collectives; gloo cannot (fencing covers that).
+                dist.distributed_c10d._abort_process_group()
+            else:
+                dist.destroy_process_group()
+        except Exception as exc:  # a broken group is being thrown away anyway
+            self._log.warning("process_group_teardown_failed", error=str(exc))
+        self._group = None

@@ -1,0 +1,115 @@
+"""`ftcoord-launch`: start a node's training processes and keep them alive.
+
+    ftcoord-launch --store HOST:PORT --job-id J --nproc 4 [--spares 1] -- python train.py ARGS
+    ftcoord-launch --embedded-store --job-id J --nproc 2 -- python -m training ...
+
+One launcher per node (under SLURM: `srun --ntasks-per-node=1 ftcoord-launch ...`, each
+with its own --first-slot); several launchers on one machine work the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from dataclasses import fields
+
+from ftcoord import log
+from ftcoord.errors import FtcoordError
+from ftcoord.server import DEFAULT_HOST, StoreServer
+from ftcoord.store import StoreAddress, check_job_id, connect, job_store
+from ftcoord.supervisor import EXIT_FAILED, SPARE_SLOT_BASE, LaunchConfig, Supervisor
+
+EXIT_USAGE = 2
+DEFAULTS = {f.name: f.default for f in fields(LaunchConfig) if f.name not in ("command", "job_id", "store")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ftcoord-launch",
+        description="Start this node's training processes under ftcoord and restart them through faults.",
+        epilog="Exit codes: 0 the job finished (or stopped cleanly after SIGTERM); 1 a failure; 2 bad "
+        "arguments; 3 a slot (or the job) exhausted --max-restarts; 143 children had to be killed after "
+        "the grace period. Children get FTCOORD_STORE, FTCOORD_JOB_ID, FTCOORD_SLOT, FTCOORD_WORLD_SIZE "
+        f"and LOCAL_RANK. Spare slots are numbered from {SPARE_SLOT_BASE} + --first-slot.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", help="HOST:PORT of a running ftcoord-store")
+    where.add_argument("--embedded-store", action="store_true",
+                       help="start a store server inside this launcher (single node)")
+    parser.add_argument("--store-port", type=int, default=0, help="port of the embedded store (0: any free)")
+    parser.add_argument("--store-host", default=DEFAULT_HOST, help="interface of the embedded store")
+    parser.add_argument("--job-id", required=True, help="names the job; its keys live under ftcoord/<job-id>/")
+    parser.add_argument("--nproc", type=int, default=DEFAULTS["nproc"], help="training processes on this node")
+    parser.add_argument("--spares", type=int, default=DEFAULTS["spares"], help="hot spare processes on this node")
+    parser.add_argument("--first-slot", type=int, default=DEFAULTS["first_slot"],
+                        help="slot of this node's first process (node i of N: i * nproc)")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="target world size of the whole job (default: --nproc, one node)")
+    parser.add_argument("--max-restarts", type=int, default=DEFAULTS["max_restarts"],
+                        help="restarts per slot (slot policy) or of the whole job (job policy)")
+    parser.add_argument("--restart-policy", choices=("slot", "job"), default=DEFAULTS["restart_policy"],
+                        help="slot: restart only the dead process; job: restart every process (baseline)")
+    parser.add_argument("--warm-standby", type=int, default=DEFAULTS["warm_standby"],
+                        help="processes kept with torch imported, ready to take a dead slot at once")
+    parser.add_argument("--grace", type=float, default=DEFAULTS["grace_s"],
+                        help="seconds children get after SIGTERM before SIGKILL")
+    parser.add_argument("--log-dir", default=None, help="JSON-lines logs of the launcher and every process")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command of one process")
+    return parser
+
+
+def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespace]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("missing the command to run after `--` (e.g. -- python train.py)")
+    for name in ("nproc", "spares", "max_restarts", "warm_standby", "first_slot"):
+        if getattr(args, name) < (1 if name == "nproc" else 0):
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
+    try:
+        check_job_id(args.job_id)
+        if args.store:
+            StoreAddress.parse(args.store)
+    except FtcoordError as exc:
+        parser.error(str(exc))
+    config = LaunchConfig(
+        command=command, job_id=args.job_id, store=args.store or "", nproc=args.nproc, spares=args.spares,
+        first_slot=args.first_slot, world_size=args.world_size, max_restarts=args.max_restarts,
+        restart_policy=args.restart_policy, warm_standby=args.warm_standby, grace_s=args.grace,
+        log_dir=os.path.abspath(args.log_dir) if args.log_dir else None,
+    )
+    return config, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, args = parse_config(argv)
+    log.configure(os.path.join(config.log_dir, "launcher.jsonl") if config.log_dir else None)
+    logger = log.get_logger(component="launcher")
+    server = None
+    try:
+        if args.embedded_store:
+            server = StoreServer(args.store_host, args.store_port)
+            config = LaunchConfig(**{**config.__dict__, "store": server.address})
+            logger.info("embedded_store_ready", address=server.address)
+        client = job_store(connect(config.store), config.job_id)
+    except FtcoordError as exc:
+        print(f"ftcoord-launch: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    supervisor = Supervisor(config, client)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda s, _: supervisor.terminate(s))
+    logger.info("launcher_started", nproc=config.nproc, spares=config.spares, slots=config.slots,
+                policy=config.restart_policy, warm_standby=config.warm_standby, store=config.store)
+    try:
+        return supervisor.run()
+    finally:
+        if server is not None:
+            server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The per-node supervisor behind `ftcoord-launch`: start, watch, fence and restart.
+
+It owns the processes of its slots. A dead process is marked dead in the store at once
+(the fast path: nobody waits for a heartbeat timeout) and replaced, from a warm standby
+when one is ready. A slot the leader fenced (hung or stalled) is SIGKILLed here, which
+turns a hang into a crash that peers blocked in a gloo collective see immediately.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import tenacity
+import torch.distributed as dist
+
+from ftcoord import env, keys
+from ftcoord.heartbeat import mark_dead
+from ftcoord.log import get_logger
+from ftcoord.standby import READY_FD_ENV, PythonCommand
+from ftcoord.store import get_or_none, read_int
+
+SPARE_SLOT_BASE = 100_000  # spares sort after every worker slot, so workers keep their ranks
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_RESTARTS_EXHAUSTED = 3
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What one launcher runs; defaults live here and are printed by --help."""
+
+    command: list[str]
+    job_id: str
+    store: str
+    nproc: int = 1
+    spares: int = 0
+    first_slot: int = 0
+    world_size: int | None = None
+    max_restarts: int = 3
+    restart_policy: str = "slot"
+    warm_standby: int = 1
+    grace_s: float = 30.0
+    atomic_grace_s: float = 10.0
+    log_dir: str | None = None
+    poll_s: float = 0.02
+
+    @property
+    def slots(self) -> list[int]:
+        workers = [self.first_slot + i for i in range(self.nproc)]
+        spares = [SPARE_SLOT_BASE + self.first_slot + i for i in range(self.spares)]
+        return workers + spares
+
+    @property
+    def target_world_size(self) -> int:
+        return self.world_size if self.world_size is not None else self.nproc
+
+
+@dataclass
+class SlotProcess:
+    """The process currently holding a slot on this node."""
+
+    slot: int
+    local_rank: int
+    process: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0  # the incarnation the process gets when it registers
+    restarts: int = 0
+    restart_due: float | None = None
+    from_standby: bool = False
+    finished: bool = False
+    fenced_at: float | None = None
+
+
+@dataclass
+class Standby:
+    process: subprocess.Popen[bytes]
+    ready_fd: int
+    ready: bool = False
+
+
+@dataclass
+class Supervisor:
+    config: LaunchConfig
+    store: dist.Store  # job-scoped
+    slots: dict[int, SlotProcess] = field(default_factory=dict)
+    standbys: list[Standby] = field(default_factory=list)
+    job_restarts: int = 0
+    terminating_since: float | None = None
+
+    def __post_init__(self) -> None:
+        self._log = get_logger(component="launcher", job_id=self.config.job_id)
+        self._python_command = PythonCommand.parse(self.config.command)
+        self._standby_count = self.config.warm_standby if self._python_command else 0
+        if self.config.warm_standby and not self._python_command:
+            self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
+        if self.config.restart_policy == "job":
+            self._standby_count = 0  # the whole-job restart baseline starts every process afresh
+        self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
+
+    # -- environment and process start ------------------------------------------------
+
+    def _child_env(self, slot: SlotProcess) -> dict[str, str]:
+        values = {
+            env.STORE_ENV: self.config.store,
+            env.JOB_ID_ENV: self.config.job_id,
+            env.SLOT_ENV: str(slot.slot),
+            env.WORLD_SIZE_ENV: str(self.config.target_world_size),
+            env.LOCAL_RANK_ENV: str(slot.local_rank),
+        }
+        if self.config.log_dir:
+            values[env.LOG_DIR_ENV] = self.config.log_dir
+        return values
+
+    def _start(self, slot: SlotProcess) -> None:
+        slot.incarnation = read_int(self.store, keys.incarnation(slot.slot)) + 1
+        standby = self._take_ready_standby()
+        if standby is not None:
+            assert standby.process.stdin is not None
+            standby.process.stdin.write((json.dumps({"env": self._child_env(slot)}) + "\n").encode())
+            standby.process.stdin.flush()
+            slot.process, slot.from_standby = standby.process, True
+        else:
+            slot.process = subprocess.Popen(self.config.command, env={**os.environ, **self._child_env(slot)})
+            slot.from_standby = False
+        slot.restart_due, slot.fenced_at = None, None
+        self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
+                       from_standby=slot.from_standby, restarts=slot.restarts)
+
+    # -- warm standbys -------------------------------------------------------------------
+
+    def _spawn_standby(self) -> None:
+        read_fd, write_fd = os.pipe()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ftcoord.standby", "--", *self.config.command],
+            stdin=subprocess.PIPE, pass_fds=(write_fd,),
+            env={**os.environ, READY_FD_ENV: str(write_fd)},
+        )
+        os.close(write_fd)
+        self.standbys.append(Standby(process, read_fd))
+
+    def _refresh_standbys(self) -> None:
+        for standby in list(self.standbys):
+            if standby.process.poll() is not None:
+                os.close(standby.ready_fd)
+                self.standbys.remove(standby)
+                self._log.warning("standby_died", pid=standby.process.pid, code=standby.process.returncode)
+            elif not standby.ready and select.select([standby.ready_fd], [], [], 0)[0]:
+                standby.ready = os.read(standby.ready_fd, 64).startswith(b"ready")
+        while len(self.standbys) < self._standby_count and self.terminating_since is None:
+            self._spawn_standby()
+
+    def _take_ready_standby(self) -> Standby | None:
+        self._refresh_standbys()
+        for standby in self.standbys:
+            if standby.ready:
+                self.standbys.remove(standby)
+                os.close(standby.ready_fd)
+                return standby
+        return None
+
+    def _release_standbys(self) -> None:
+        for standby in self.standbys:
+            if standby.process.stdin:
+                standby.process.stdin.close()  # EOF: the standby exits 0
+            os.close(standby.ready_fd)
+        for standby in self.standbys:
+            try:
+                standby.process.wait(10)
+            except subprocess.TimeoutExpired:
+                standby.process.kill()
+        self.standbys.clear()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        for local_rank, slot in enumerate(self.config.slots):
+            self.slots[slot] = SlotProcess(slot, local_rank)
+            self._start(self.slots[slot])
+        self._refresh_standbys()
+        while True:
+            now = time.monotonic()
+            code = self._tick(now)
+            if code is not None:
+                self._release_standbys()
+                return code
+            time.sleep(self.config.poll_s)
+
+    def _tick(self, now: float) -> int | None:
+        if self.terminating_since is not None:
+            return self._tick_terminating(now)
+        for slot in self.slots.values():
+            if slot.process is not None and (code := slot.process.poll()) is not None:
+                outcome = self._on_exit(slot, code)
+                if outcome is not None:
+                    return outcome
+            if slot.restart_due is not None and now >= slot.restart_due:
+                self._start(slot)
+        if all(s.finished for s in self.slots.values()):
+            self._log.info("launcher_done", job_restarts=self.job_restarts)
+            return EXIT_OK
+        self._fence(now)
+        self._refresh_standbys()
+        return None
+
+    def _on_exit(self, slot: SlotProcess, code: int) -> int | None:
+        pid = slot.process.pid if slot.process else None
+        slot.process = None
+        if code == 0:
+            slot.finished = True
+            self._log.info("child_finished", slot=slot.slot, pid=pid)
+            return None
+        registered = read_int(self.store, keys.incarnation(slot.slot))
+        if registered >= slot.incarnation:
+            mark_dead(self.store, slot.slot, slot.incarnation)
+        self._log.warning("child_exited", slot=slot.slot, pid=pid, code=code, incarnation=slot.incarnation)
+        if get_or_none(self.store, keys.DONE) is not None:
+            slot.finished = True
+            return None
+        if self.config.restart_policy == "job":
+            return self._restart_job()
+        if slot.restarts >= self.config.max_restarts:
+            self._log.error("restarts_exhausted", slot=slot.slot, restarts=slot.restarts,
+                            max_restarts=self.config.max_restarts, last_code=code)
+            print(f"ftcoord-launch: slot {slot.slot} died {slot.restarts + 1} times (max_restarts="
+                  f"{self.config.max_restarts}; last exit code {code}); stopping this node's processes. "
+                  f"Raise --max-restarts or fix the cause in the logs above.", file=sys.stderr)
+            self._kill_all()
+            return EXIT_RESTARTS_EXHAUSTED
+        slot.restarts += 1
+        state = tenacity.RetryCallState(None, None, (), {})
+        state.attempt_number = slot.restarts - 1
+        delay = 0.0 if slot.restarts == 1 else float(self._backoff(state))
+        slot.restart_due = time.monotonic() + delay
+        # Tell the leader a replacement is coming, so it waits for it (up to join_timeout)
+        # instead of shrinking the world and growing it back a moment later.
+        self.store.set(keys.replacing(slot.slot), str(registered + 1))
+        self._log.info("slot_restart_scheduled", slot=slot.slot, delay_s=delay, restarts=slot.restarts)
+        return None
+
+    def _restart_job(self) -> int | None:
+        """The classic whole-job restart: stop every process, start them all again."""
+        if self.job_restarts >= self.config.max_restarts:
+            self._log.error("restarts_exhausted", job_restarts=self.job_restarts)
+            print(f"ftcoord-launch: the job restarted {self.job_restarts} times (max_restarts="
+                  f"{self.config.max_restarts}); giving up.", file=sys.stderr)
+            self._kill_all()
+            return EXIT_RESTARTS_EXHAUSTED
+        self.job_restarts += 1
+        self._kill_all()
+        self._log.warning("job_restart", job_restarts=self.job_restarts)
+        for slot in self.slots.values():
+            slot.finished = False
+            self._start(slot)
+        return None
+
+    def _kill_all(self) -> None:
+        for slot in self.slots.values():
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.kill()
+        for slot in self.slots.values():
+            if slot.process is not None:
+                slot.process.wait()
+                if read_int(self.store, keys.incarnation(slot.slot)) >= slot.incarnation:
+                    mark_dead(self.store, slot.slot, slot.incarnation)
+                slot.process = None
+
+    def _fence(self, now: float) -> None:
+        """Kill the processes the leader declared dead (unless inside an atomic section)."""
+        running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
+        if not running:
+            return
+        values = self.store.multi_get([k(s.slot) for s in running for k in (keys.fence, keys.atomic)])
+        for i, slot in enumerate(running):
+            fence, atomic = int(values[2 * i] or 0), int(values[2 * i + 1] or 0)
+            if fence < slot.incarnation:
+                continue
+            if slot.fenced_at is None:
+                slot.fenced_at = now
+            if atomic == slot.incarnation and now - slot.fenced_at < self.config.atomic_grace_s:
+                continue  # let it finish its checkpoint commit first
+            assert slot.process is not None
+            self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,
+                              incarnation=slot.incarnation)
+            slot.process.kill()
+
+    # -- termination ---------------------------------------------------------------------
+
+    def terminate(self, signum: int) -> None:
+        """SIGTERM/SIGINT to the launcher: forward SIGTERM, escalate after the grace period."""
+        if self.terminating_since is not None:
+            return
+        self.terminating_since = time.monotonic()
+        self._log.warning("launcher_terminating", signal=signal.Signals(signum).name, grace_s=self.config.grace_s)
+        for slot in self.slots.values():
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGTERM)
+
+    def _tick_terminating(self, now: float) -> int | None:
+        assert self.terminating_since is not None
+        alive = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
+        if not alive:
+            codes = [s.process.returncode for s in self.slots.values() if s.process is not None]
+            clean = all(c == 0 for c in codes)
+            self._log.info("launcher_stopped", clean=clean, codes=codes)
+            return EXIT_OK if clean else EXIT_TERMINATED
+        if now - self.terminating_since > self.config.grace_s:
+            for slot in alive:
+                assert slot.process is not None
+                self._log.error("child_killed_after_grace", slot=slot.slot, pid=slot.process.pid)
+                slot.process.kill()
+                slot.process.wait()
+            return EXIT_TERMINATED
+        return None

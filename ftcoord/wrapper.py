@@ -1,0 +1,179 @@
+"""@Wrapper: run a training function through faults with in-process restarts.
+
+    @Wrapper(store="127.0.0.1:29600", job_id="llm-7", min_world_size=2, heartbeat_timeout=5.0)
+    def train(call: CallWrapper, cfg): ...
+
+Each call of the function is one generation. On any fault (an exception here, a failed
+collective, an interrupt because a peer died, hung or rejoined) the wrapper tears down
+the generation's process group and calls the function again in the next generation: no
+new Python process, no re-import of torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
+
+from ftcoord import env, log
+from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
+from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.errors import FtcoordError, JobFinished
+from ftcoord.participant import Participant
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_MAX_RESTARTS = 32
+DEFAULT_PG_TIMEOUT_S = 60.0
+
+
+class RestartsExhausted(FtcoordError):
+    """The function failed more often than max_restarts allows."""
+
+
+class Wrapper:
+    """Decorator that makes a training function survive faults (see module docstring).
+
+    Every argument has a default; store, job id, slot and world size default from the
+    environment that `ftcoord-launch` (or torchrun / SLURM) sets, so `@Wrapper()` works
+    under the launcher. Timing arguments left as None take `Timing`'s defaults.
+    """
+
+    def __init__(
+        self,
+        store: str | None = None,
+        job_id: str | None = None,
+        slot: int | None = None,
+        world_size: int | None = None,
+        *,
+        min_world_size: int = 1,
+        max_world_size: int | None = None,
+        global_batch: int | None = None,
+        heartbeat_interval: float | None = None,
+        heartbeat_timeout: float | None = None,
+        join_timeout: float | None = None,
+        barrier_timeout: float | None = None,
+        progress_timeout: float | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        pg_timeout: float = DEFAULT_PG_TIMEOUT_S,
+        log_dir: str | Path | None = None,
+        handle_sigterm: bool = True,
+    ) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.slot = slot
+        self.world_size = world_size
+        self.min_world_size = min_world_size
+        self.max_world_size = max_world_size
+        self.global_batch = global_batch
+        overrides = {k: v for k, v in {
+            "heartbeat_interval": heartbeat_interval, "heartbeat_timeout": heartbeat_timeout,
+            "join_timeout": join_timeout, "barrier_timeout": barrier_timeout}.items() if v is not None}
+        self.timing = Timing(**overrides)
+        if progress_timeout is not None and progress_timeout <= self.timing.heartbeat_interval:
+            raise FtcoordError(f"progress_timeout={progress_timeout}s must exceed heartbeat_interval="
+                               f"{self.timing.heartbeat_interval}s")
+        self.progress_timeout = progress_timeout
+        if max_restarts < 0:
+            raise FtcoordError(f"max_restarts={max_restarts} must be >= 0")
+        self.max_restarts = max_restarts
+        self.pg_timeout = timedelta(seconds=pg_timeout)
+        self.log_dir = log_dir
+        self.handle_sigterm = handle_sigterm
+
+    def __call__(self, fn: Callable[..., R]) -> Callable[..., R | None]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> R | None:
+            return self.run(fn, *args, **kwargs)
+
+        return wrapped
+
+    def _participant(self) -> Participant:
+        slot = self.slot if self.slot is not None else env.slot_from_env()
+        target = self.world_size if self.world_size is not None else env.world_size_from_env()
+        policy = QuorumPolicy(target, self.min_world_size, self.max_world_size, self.global_batch)
+        return Participant(self.store or env.store_from_env(), self.job_id or env.job_id_from_env(),
+                           slot, policy, self.timing, self.progress_timeout)
+
+    def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R | None:
+        """Run `fn(call, *args, **kwargs)` until it returns on every member.
+
+        Returns its result, or None for a hot spare that was never needed.
+
+        Raises:
+            RestartsExhausted: more than max_restarts in-process restarts.
+            QuorumTimeout: too few processes to form a generation.
+        """
+        log_dir = self.log_dir or os.environ.get(env.LOG_DIR_ENV)
+        participant = self._participant()
+        if log_dir:
+            log.configure(Path(log_dir) / f"slot{participant.slot}-{os.getpid()}.jsonl")
+        participant.start()
+        logger = log.get_logger(component="wrapper", slot=participant.slot, incarnation=participant.incarnation)
+        restore_signal = self._install_sigterm(participant)
+        pg_store = participant.clone_store()
+        restarts, own_failures, step = 0, 0, -1
+        try:
+            while True:
+                try:
+                    record = participant.join(step)
+                except JobFinished:
+                    logger.info("spare_exit", reason="job finished without needing this process")
+                    return None
+                call = CallWrapper(participant, record, restarts, pg_store, self.pg_timeout)
+                call.step = step
+                logger.info("function_started", generation=record.generation, rank=call.rank,
+                            world_size=record.world_size, restarts=restarts, mono=time.monotonic())
+                collateral = True
+                try:
+                    result = fn(call, *args, **kwargs)
+                except Exception as exc:  # any fault of this generation: restart in-process
+                    cause: BaseException = exc
+                    # Collateral: the generation was already over (a peer died, hung or
+                    # raised) or a collective failed because of a peer. Only this rank's own
+                    # failures count against max_restarts.
+                    collateral = is_peer_failure(exc) or participant.generations.is_interrupted(record.generation)
+                    participant.interrupt(f"exception:slot={participant.slot}:{type(exc).__name__}")
+                else:
+                    call.teardown()
+                    if not participant.interrupted and participant.finish():
+                        logger.info("function_completed", generation=record.generation,
+                                    stopped=participant.should_stop)
+                        return result
+                    cause = GenerationInterrupted(f"generation {record.generation} ended before every member returned")
+                finally:
+                    call.teardown()
+                    step = call.step
+                restarts += 1
+                own_failures += not collateral
+                logger.warning("in_process_restart", generation=record.generation, restarts=restarts,
+                               own_failure=not collateral, cause=f"{type(cause).__name__}: {cause}"[:500],
+                               mono=time.monotonic())
+                if own_failures > self.max_restarts:
+                    raise RestartsExhausted(
+                        f"slot {participant.slot} failed {own_failures} times in its own code "
+                        f"(max_restarts={self.max_restarts}); last error: {type(cause).__name__}: {cause}. "
+                        f"Fix the cause or raise max_restarts"
+                    ) from cause
+        finally:
+            restore_signal()
+            participant.close()
+
+    def _install_sigterm(self, participant: Participant) -> Callable[[], None]:
+        """SIGTERM asks the whole job to stop at a step boundary (see CallWrapper.should_stop)."""
+        if not self.handle_sigterm or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            participant.monitor.request_stop()
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        return lambda: signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,111 @@
+"""A tiny training job under @Wrapper for tests: one all-reduce per step.
+
+Each step all-reduces (step + 1) * (rank + 1); the sum is known in closed form, so every
+result after every restart can be checked. Faults are planted by slot and step, once
+each (a marker file remembers they happened): raise, exit like a crash, hang the
+training thread while the heartbeat goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ftcoord import CallWrapper, Wrapper, log
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, help="directory for events")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--step-time", type=float, default=0.02)
+    p.add_argument("--raise-at", action="append", default=[], help="SLOT:STEP")
+    p.add_argument("--exit-at", action="append", default=[], help="SLOT:STEP (os._exit(137))")
+    p.add_argument("--stall-at", action="append", default=[], help="SLOT:STEP (training thread stuck)")
+    p.add_argument("--always-raise-slot", type=int, default=None)
+    p.add_argument("--min-world-size", type=int, default=1)
+    p.add_argument("--heartbeat-interval", type=float, default=0.1)
+    p.add_argument("--heartbeat-timeout", type=float, default=1.0)
+    p.add_argument("--join-timeout", type=float, default=0.5)
+    p.add_argument("--barrier-timeout", type=float, default=20.0)
+    p.add_argument("--progress-timeout", type=float, default=None)
+    p.add_argument("--pg-timeout", type=float, default=30.0)
+    p.add_argument("--max-restarts", type=int, default=32)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    slot = int(os.environ.get("FTCOORD_SLOT", "0"))
+    events = out / f"events-slot{slot}-{os.getpid()}.jsonl"
+
+    def emit(kind: str, **facts: object) -> None:
+        with events.open("a") as f:
+            f.write(json.dumps({"kind": kind, "pid": os.getpid(), "slot": slot, "mono": time.monotonic(),
+                                "standby": os.environ.get("FTCOORD_STANDBY") == "1", **facts}) + "\n")
+
+    def once(kind: str, spec: list[str], step: int) -> bool:
+        if f"{slot}:{step}" not in spec:
+            return False
+        marker = out / f"done-{kind}-{slot}-{step}"
+        if marker.exists():
+            return False
+        marker.write_text("1")
+        emit("fault", fault=kind, step=step)
+        return True
+
+    state = {"step": 0}
+    log.configure(out / f"log-slot{slot}-{os.getpid()}.jsonl")
+
+    @Wrapper(min_world_size=args.min_world_size, heartbeat_interval=args.heartbeat_interval,
+             heartbeat_timeout=args.heartbeat_timeout, join_timeout=args.join_timeout,
+             barrier_timeout=args.barrier_timeout, progress_timeout=args.progress_timeout,
+             pg_timeout=args.pg_timeout, max_restarts=args.max_restarts)
+    def train(call: CallWrapper) -> str:
+        call.init_process_group("gloo")
+        held = torch.tensor([state["step"]], dtype=torch.int64)
+        dist.all_reduce(held, op=dist.ReduceOp.MAX)  # heal: continue from the furthest member
+        state["step"] = int(held.item())
+        emit("generation", generation=call.iteration, rank=call.rank, world_size=call.world_size,
+             members=list(call.members), start_step=state["step"], restarts=call.restarts)
+        while state["step"] < args.steps:
+            call.check()
+            step = state["step"]
+            if args.always_raise_slot == slot:
+                raise RuntimeError(f"planted failure in slot {slot}")
+            if once("raise", args.raise_at, step):
+                raise RuntimeError(f"planted exception at step {step}")
+            if once("exit", args.exit_at, step):
+                os._exit(137)
+            if once("stall", args.stall_at, step):
+                time.sleep(3600)  # the heartbeat thread lives on; progress stops
+            value = torch.tensor([float((step + 1) * (call.rank + 1))])
+            dist.all_reduce(value)
+            w = call.world_size
+            emit("step", step=step, generation=call.iteration, rank=call.rank, world_size=w,
+                 value=value.item(), expected=float((step + 1) * w * (w + 1) // 2))
+            state["step"] = step + 1
+            call.step = step + 1
+            call.ping()
+            if call.should_stop:
+                emit("stopped", step=step)
+                return "stopped"
+            time.sleep(args.step_time)
+        return "done"
+
+    result = train()
+    emit("exit", result=result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
