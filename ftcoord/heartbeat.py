@@ -7,6 +7,7 @@ across hosts, so clock skew cannot kill a healthy process or keep a dead one ali
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,9 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.log import get_logger
+
+# Where a training thread sits while it waits for its peers.
+WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
 
 
 class Heartbeat:
@@ -31,7 +35,8 @@ class Heartbeat:
         self._interval = interval
         self._stop = threading.Event()
         self._progress = 0
-        self._published_progress = -1
+        self._training_thread: int | None = None
+        self._published_progress = ""
         self.beats = 0
         self.failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-heartbeat-{slot}", daemon=True)
@@ -44,14 +49,33 @@ class Heartbeat:
     def beat(self) -> None:
         """One heartbeat now (also used at start, so observers see us at once)."""
         self.beats = int(self._store.add(keys.heartbeat(self._slot), 1))
-        progress = self._progress
+        progress = f"{self._progress}:w" if self._waiting_on_peers() else str(self._progress)
         if progress != self._published_progress:
-            self._store.set(keys.progress(self._slot), str(progress))
+            self._store.set(keys.progress(self._slot), progress)
             self._published_progress = progress
 
     def ping(self) -> None:
         """Record training progress: a local increment, published by the next beat."""
         self._progress += 1
+        self._training_thread = threading.get_ident()
+
+    def _waiting_on_peers(self) -> bool:
+        """Is the training thread inside torch.distributed / autograd (waiting on peers)?
+
+        When one rank is stuck, its peers block in the next collective and stop pinging
+        too; this flag tells the leader which of the silent ranks is the culprit.
+        """
+        if self._training_thread is None:
+            return False
+        frame = sys._current_frames().get(self._training_thread)
+        for _ in range(4):
+            if frame is None:
+                return False
+            name = frame.f_code.co_filename.replace("\\", "/")
+            if any(part in name for part in WAITING_MODULES):
+                return True
+            frame = frame.f_back
+        return False
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -222,29 +222,45 @@ class LeaderDuty:
     def _interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts]) -> None:
         if self._store.check([keys.interrupt(record.generation)]):
             return
-        for member, inc in zip(record.members, record.incarnations, strict=True):
-            fact = facts.get(member)
-            if fact is None:
+        members = [(m, i, facts[m]) for m, i in zip(record.members, record.incarnations, strict=True) if m in facts]
+        hung = self._hung_members(record.generation, members)
+        for member, inc, fact in members:
+            if self._alive(fact, inc) and member not in hung:
                 continue
-            hung = False
-            if self._progress_timeout is not None:
-                name = f"progress/{member}/{record.generation}"
-                self._observer.observe(name, fact.progress)
-                hung = self._observer.is_stale(name, self._progress_timeout)
-            if self._alive(fact, inc) and not hung:
-                continue
-            reason = "hung" if hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
+            reason = "hung" if member in hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
             if (member, inc) not in self._fenced and not fact.is_gone(inc):
                 # Its launcher kills it: a hung peer then fails the collectives at once.
                 self._store.set(keys.fence(member), str(inc))
                 self._fenced.add((member, inc))
                 self._log.warning("rank_fenced", slot=member, incarnation=inc, reason=reason)
-            self._store.compare_set(keys.interrupt(record.generation), "",
-                                    f"{reason}:slot={member}")
+            self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
             self._log.warning("member_declared_dead", generation=record.generation, slot=member,
                               incarnation=inc, reason=reason,
                               silent_s=round(self._observer.silent_for(f"hb/{member}"), 3))
             return
+
+    def _hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]]) -> set[int]:
+        """Members alive but making no progress for progress_timeout: the culprits only.
+
+        Peers of a stuck rank block in their next collective and go silent too; those
+        that sit in a collective are waiting, not stuck. If every silent member waits, the
+        one furthest behind is the culprit; if they are all level, nobody is fenced (a
+        collective deadlock: the process-group timeout ends it).
+        """
+        if self._progress_timeout is None:
+            return set()
+        silent = []
+        for member, _, fact in members:
+            name = f"progress/{member}/{generation}"
+            self._observer.observe(name, fact.progress)
+            if self._observer.is_stale(name, self._progress_timeout):
+                silent.append(fact)
+        culprits = [f for f in silent if not f.waiting]
+        if not culprits and silent:
+            lowest = min(f.progress for f in silent)
+            if any(f.progress != lowest for f in silent):
+                culprits = [f for f in silent if f.progress == lowest]
+        return {f.slot for f in culprits}
 
     def _is_open(self, current: int, record: GenerationRecord | None) -> bool:
         """Generation current+1 may be decided once current ended (or never began)."""

@@ -43,6 +43,8 @@ class SlotFacts:
     incarnation: int
     heartbeat: int
     progress: int
+    waiting: bool
+    """The training thread was inside a collective at the last beat."""
     dead: int
     left: int
     replacing: int
@@ -66,6 +68,8 @@ def read_facts(store: dist.Store, slots: list[int]) -> dict[int, SlotFacts]:
     values = store.multi_get([key(slot) for slot in slots for key in per_slot])
     facts = {}
     for i, slot in enumerate(slots):
-        inc, hb, progress, dead, left, replacing = (int(v or 0) for v in values[i * 6 : i * 6 + 6])
-        facts[slot] = SlotFacts(slot, inc, hb, progress, dead, left, replacing)
+        raw = [v.decode() for v in values[i * 6 : i * 6 + 6]]
+        progress, _, waiting = raw[2].partition(":")
+        inc, hb, dead, left, replacing = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4], raw[5]))
+        facts[slot] = SlotFacts(slot, inc, hb, int(progress or 0), waiting == "w", dead, left, replacing)
     return facts

@@ -77,6 +77,7 @@ class SlotProcess:
     from_standby: bool = False
     finished: bool = False
     fenced_at: float | None = None
+    fence_killed: bool = False
 
 
 @dataclass
@@ -130,7 +131,7 @@ class Supervisor:
         else:
             slot.process = subprocess.Popen(self.config.command, env={**os.environ, **self._child_env(slot)})
             slot.from_standby = False
-        slot.restart_due, slot.fenced_at = None, None
+        slot.restart_due, slot.fenced_at, slot.fence_killed = None, None, False
         self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
                        from_standby=slot.from_standby, restarts=slot.restarts)
 
@@ -280,7 +281,7 @@ class Supervisor:
         values = self.store.multi_get([k(s.slot) for s in running for k in (keys.fence, keys.atomic)])
         for i, slot in enumerate(running):
             fence, atomic = int(values[2 * i] or 0), int(values[2 * i + 1] or 0)
-            if fence < slot.incarnation:
+            if fence < slot.incarnation or slot.fence_killed:
                 continue
             if slot.fenced_at is None:
                 slot.fenced_at = now
@@ -290,6 +291,7 @@ class Supervisor:
             self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,
                               incarnation=slot.incarnation)
             slot.process.kill()
+            slot.fence_killed = True
 
     # -- termination ---------------------------------------------------------------------
 

@@ -1,0 +1,174 @@
+"""ftcoord-launch: restarts, warm standby, fencing, spares, preemption (real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ftcoord import StoreServer
+from tests.helpers.runs import AllreduceRun, launch
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def finish(proc, timeout: float = 90) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_standby(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "200", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(30)
+        survivor, victim = run.pid_of(0), run.pid_of(1)
+        wait_until(lambda: run.logs("standby_ready") or True, 1, "")
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    after = [e for e in run.events("generation") if e["mono"] > killed_at]
+    assert after, "no generation after the kill"
+    assert {e["pid"] for e in after if e["slot"] == 0} == {survivor}  # restarted in-process
+    replacement = [e for e in after if e["slot"] == 1]
+    assert replacement and replacement[0]["pid"] != victim
+    assert replacement[0]["standby"], "the replacement should have come from the warm standby"
+    full = min(e["mono"] for e in after if e["world_size"] == 2 and e["slot"] == 1)
+    first_step = min(e["mono"] for e in run.events("step") if e["mono"] > killed_at)
+    print(f"SIGKILL: next committed step after {1000 * (first_step - killed_at):.0f} ms, "
+          f"full size again after {1000 * (full - killed_at):.0f} ms")
+    run.assert_correct(200)
+    assert [e["result"] for e in run.events("exit")] == ["done", "done"]
+
+
+def test_hung_rank_is_fenced_by_its_launcher_before_the_gloo_timeout(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "200", "--pg-timeout", "60",
+                  "--heartbeat-timeout", "1.0", nproc=3)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(30)
+        victim = run.pid_of(2)
+        stopped_at = time.monotonic()
+        os.kill(victim, signal.SIGSTOP)
+        wait_until(lambda: [e for e in run.events("generation") if e["mono"] > stopped_at], 30,
+                   "survivors to form a new generation")
+        recovered = min(e["mono"] for e in run.events("generation") if e["mono"] > stopped_at) - stopped_at
+        assert recovered < 10, f"took {recovered:.1f}s: the gloo timeout (60 s) must not be what ends it"
+        print(f"SIGSTOP: new generation after {recovered * 1000:.0f} ms (heartbeat_timeout 1.0 s)")
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    fenced = run.logs("rank_fenced_killed")
+    assert [e["pid"] for e in fenced] == [victim]
+    run.assert_correct(200)
+
+
+def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "120", "--stall-at", "1:20",
+                  "--progress-timeout", "1.5", nproc=2)
+    try:
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    run = AllreduceRun(tmp_path)
+    declared = run.logs("member_declared_dead")
+    assert declared and declared[0]["reason"] == "hung" and declared[0]["slot"] == 1
+    assert run.logs("rank_fenced_killed")
+    run.assert_correct(120)
+
+
+def test_killing_the_leader_process_is_survived(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    from ftcoord import connect, job_store
+
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "200", nproc=3)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(30)
+        store = job_store(connect(store_server.address), job_id)
+        leader_slot = int(store.get("leader").decode().split(":")[1])
+        os.kill(run.pid_of(leader_slot), signal.SIGKILL)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    elections = run.logs("leader_elected")
+    assert len({(e["slot"], e["incarnation"]) for e in elections}) >= 2
+    run.assert_correct(200)
+
+
+def test_hot_spare_takes_over_a_dead_slot_at_once(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "200", nproc=2,
+                  launcher_args=("--spares", "1"))
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(30)
+        killed_at = time.monotonic()
+        os.kill(run.pid_of(1), signal.SIGKILL)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    after = [e for e in run.events("generation") if e["mono"] > killed_at]
+    assert after[0]["members"] == [0, 100000], f"the spare should step in first: {after[0]}"
+    run.assert_correct(200)
+    assert len(run.events("exit")) == 3  # the spare and the replaced slot exit cleanly too
+
+
+def test_exhausted_restarts_stop_the_node_with_a_clear_error(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "200", "--exit-at", "1:10",
+                  "--exit-at", "1:20", nproc=2, launcher_args=("--max-restarts", "1"))
+    try:
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 3
+    assert "slot 1 died 2 times (max_restarts=1; last exit code 137)" in out
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_through_should_stop(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "100000", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        proc.send_signal(signal.SIGTERM)
+        code, out = finish(proc, 60)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    stopped = run.events("stopped")
+    assert {e["slot"] for e in stopped} == {0, 1}
+    assert len({e["step"] for e in stopped}) == 1, f"ranks stopped at different steps: {stopped}"
+    assert [e["result"] for e in run.events("exit")] == ["stopped", "stopped"]
+
+
+def test_job_restart_policy_restarts_every_process(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--exit-at", "1:20", nproc=2,
+                  launcher_args=("--restart-policy", "job"))
+    run = AllreduceRun(tmp_path)
+    try:
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    pids_by_slot = {}
+    for e in run.events("generation"):
+        pids_by_slot.setdefault(e["slot"], set()).add(e["pid"])
+    assert all(len(p) == 2 for p in pids_by_slot.values()), pids_by_slot  # every slot got a new process
+    assert run.logs("job_restart")
