@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m ftcoord.demo
+	scripts/isolated-net $(VENV)/bin/ftcoord-launch --embedded-store --job-id demo --nproc 2 -- $(PY) examples/quickstart.py
 
 test: $(STAMP)
 	scripts/isolated-net $(PY) -m pytest $(PYTEST_ARGS)

@@ -83,6 +83,11 @@ def configure(
     )
 
 
+def is_configured() -> bool:
+    """Whether this process configured structlog already (ours or the user's)."""
+    return structlog.is_configured()
+
+
 def get_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:
     """A logger with some facts bound to every event it writes."""
     return structlog.get_logger().bind(**bound)

@@ -116,6 +116,8 @@ class Wrapper:
         participant = self._participant()
         if log_dir:
             log.configure(Path(log_dir) / f"slot{participant.slot}-{os.getpid()}.jsonl")
+        elif not log.is_configured():
+            log.configure(None)
         participant.start()
         logger = log.get_logger(component="wrapper", slot=participant.slot, incarnation=participant.incarnation)
         restore_signal = self._install_sigterm(participant)
