@@ -1,0 +1,82 @@
+"""Fault injection from inside a rank, at exact points of the training step.
+
+Boundary-safe faults (the ECRL report's rule) are injected by the rank itself through the
+training hook: `os._exit(137)` right after a step committed, or after backward and before
+the optimizer step (mid-step). The plan comes from the environment as JSON, so the same
+command line runs with or without faults; each fault fires once (a marker file says so).
+
+    FTCOORD_FAULT_PLAN='[{"kind": "exit", "point": "at_boundary", "slot": 1, "step": 20}]'
+    python -m training ... --hook chaos.inject:hook
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.hooks import StepContext
+
+PLAN_ENV = "FTCOORD_FAULT_PLAN"
+MARKER_DIR_ENV = "FTCOORD_FAULT_MARKERS"
+POINTS = ("at_boundary", "after_backward")
+KINDS = ("exit", "raise", "stall", "sigterm")
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    kind: str
+    """exit: os._exit(137); raise: an exception; stall: stop making progress; sigterm: preempt the job."""
+    point: str
+    slot: int
+    step: int
+    name: str = ""
+
+    def marker(self) -> Path:
+        directory = Path(os.environ.get(MARKER_DIR_ENV, "/tmp"))
+        return directory / f"fault-{self.name or self.kind}-{self.slot}-{self.point}-{self.step}"
+
+
+class FaultHook:
+    def __init__(self, plan: list[PlannedFault]) -> None:
+        self.plan = plan
+
+    def _fire(self, point: str, ctx: StepContext) -> None:
+        for fault in self.plan:
+            if fault.point != point or fault.slot != ctx.slot or fault.step != ctx.step:
+                continue
+            try:
+                fd = os.open(fault.marker(), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                continue  # fired already (this process is a replacement)
+            os.write(fd, json.dumps({"mono": time.monotonic(), "ts": time.time(), "pid": os.getpid(),
+                                     "generation": ctx.generation, "rank": ctx.rank}).encode())
+            os.close(fd)
+            if fault.kind == "exit":
+                os._exit(137)
+            if fault.kind == "raise":
+                raise RuntimeError(f"injected fault {fault.name or fault.kind} at step {ctx.step}")
+            if fault.kind == "stall":
+                time.sleep(3600)
+            if fault.kind == "sigterm":
+                os.kill(os.getppid(), signal.SIGTERM)  # the launcher: preempt the whole job
+
+    def at_boundary(self, ctx: StepContext) -> None:
+        self._fire("at_boundary", ctx)
+
+    def after_backward(self, ctx: StepContext) -> None:
+        self._fire("after_backward", ctx)
+
+
+def parse_plan(text: str) -> list[PlannedFault]:
+    raw: list[dict[str, Any]] = json.loads(text) if text else []
+    return [PlannedFault(**item) for item in raw]
+
+
+def hook(config: object) -> FaultHook:
+    """Factory for `--hook chaos.inject:hook`."""
+    return FaultHook(parse_plan(os.environ.get(PLAN_ENV, "")))

@@ -1,0 +1,85 @@
+"""`python -m training`: one rank of a fault-tolerant DDP job (run it under ftcoord-launch).
+
+    ftcoord-launch --embedded-store --job-id demo --nproc 2 -- \
+        python -m training --job-id demo --steps 200 --global-batch 32 --ckpt-dir runs/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import fields
+
+from ftcoord import FtcoordError, Wrapper, env, log
+from training.config import STRATEGIES, TrainConfig
+from training.loop import Trainer
+from training.models import MODELS
+
+DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "hooks"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--job-id", default=None, help="default: FTCOORD_JOB_ID from the launcher")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="global steps to train in total")
+    p.add_argument("--global-batch", type=int, default=DEFAULTS["global_batch"],
+                   help="samples per step over all ranks (constant through world-size changes)")
+    p.add_argument("--model", choices=MODELS, default=DEFAULTS["model"])
+    p.add_argument("--dataset", default=DEFAULTS["dataset"],
+                   help="synthetic[:N] | fakedata[:N] | fakedata100[:N] | cifar10:PATH | cifar100:PATH | "
+                   "imagefolder:PATH")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default=DEFAULTS["optimizer"])
+    p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (resume is automatic)")
+    p.add_argument("--ckpt-strategy", choices=STRATEGIES, default=DEFAULTS["ckpt_strategy"])
+    p.add_argument("--ckpt-every", type=int, default=DEFAULTS["ckpt_every"], help="steps between checkpoints")
+    p.add_argument("--ckpt-keep", type=int, default=DEFAULTS["ckpt_keep"], help="checkpoints kept on disk")
+    p.add_argument("--warm-start", action="store_true",
+                   help="accept a checkpoint from another configuration: load its weights only")
+    p.add_argument("--log-dir", default=None, help="step ledger and logs (default: FTCOORD_LOG_DIR)")
+    p.add_argument("--step-time", type=float, default=DEFAULTS["step_time"],
+                   help="extra seconds per step, to shape a run")
+    p.add_argument("--min-world-size", type=int, default=DEFAULTS["min_world_size"])
+    p.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY step hook (fault injection)")
+    p.add_argument("--heartbeat-interval", type=float, default=None)
+    p.add_argument("--heartbeat-timeout", type=float, default=None)
+    p.add_argument("--join-timeout", type=float, default=None)
+    p.add_argument("--progress-timeout", type=float, default=None)
+    p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group (collective) timeout, seconds")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = TrainConfig(
+            job_id=args.job_id or env.job_id_from_env(), steps=args.steps, global_batch=args.global_batch,
+            model=args.model, dataset=args.dataset, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
+            ckpt_dir=args.ckpt_dir, ckpt_strategy=args.ckpt_strategy if args.ckpt_dir else "none",
+            ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, warm_start=args.warm_start,
+            log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
+            min_world_size=args.min_world_size, hooks=tuple(args.hook))
+        slot = env.slot_from_env()
+        if config.log_dir:
+            log.configure(os.path.join(config.log_dir, f"train-slot{slot}-{os.getpid()}.jsonl"))
+        trainer = Trainer(config, slot)
+    except FtcoordError as exc:
+        print(f"python -m training: {exc}", file=sys.stderr)
+        return 2
+    wrapper = Wrapper(job_id=config.job_id, min_world_size=config.min_world_size, global_batch=config.global_batch,
+                      heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
+                      join_timeout=args.join_timeout, progress_timeout=args.progress_timeout,
+                      pg_timeout=args.pg_timeout, log_dir=config.log_dir)
+    result = None
+    try:
+        result = wrapper.run(trainer)
+    finally:
+        trainer.close(finished=result == "done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

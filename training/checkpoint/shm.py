@@ -1,0 +1,134 @@
+"""A flat shared-memory image of a state dict: tensors in one buffer, the rest in a skeleton.
+
+Copying tensors into a reused, memory-mapped buffer costs a memcpy and no pickling, which
+is what keeps a flash checkpoint's stall small. The skeleton (nested dicts, numbers and
+tensor placeholders) is tiny and saved with torch.save / loaded with weights_only=True.
+The buffer lives in /dev/shm, so it survives the death of the process that wrote it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BUFFER = "buffer.bin"
+META = "meta.pt"
+REQUEST = "request"  # the seq the trainer asks the persister to write to disk
+PERSISTED = "persisted"  # the seq the persister has committed to disk
+ALIGN = 64
+
+
+def flatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    """Replace every tensor by {"__tensor__": index}, collecting them in order."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return {"__tensor__": len(tensors) - 1}
+    if isinstance(obj, dict):
+        return {k: flatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [flatten(v, tensors) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__tensor__"}:
+            return tensors[obj["__tensor__"]]
+        return {k: unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [unflatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(unflatten(v, tensors) for v in obj)
+    return obj
+
+
+def layout_of(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], int]:
+    """Offsets of each tensor's bytes in the buffer (aligned), and the total size."""
+    layout, offset = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        layout.append({"offset": offset, "nbytes": nbytes, "dtype": str(t.dtype).removeprefix("torch."),
+                       "shape": list(t.shape)})
+        offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return layout, offset
+
+
+class SharedBuffer:
+    """A memory-mapped file in a shm directory, grown when the state grows, else reused."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / BUFFER
+        self._mmap: mmap.mmap | None = None
+        self._size = 0
+
+    def view(self, size: int) -> torch.Tensor:
+        """A uint8 tensor over the first `size` bytes (no copy)."""
+        if self._mmap is None or self._size < size:
+            self.close()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+                self._size = max(size, os.fstat(fd).st_size)
+                self._mmap = mmap.mmap(fd, self._size)
+            finally:
+                os.close(fd)
+        if not size:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(self._mmap, dtype=torch.uint8, count=size)
+
+    def close(self) -> None:
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:  # a tensor still views it; the OS unmaps at exit
+                pass
+            self._mmap = None
+
+
+def write_image(buffer: SharedBuffer, tensors: list[torch.Tensor], layout: list[dict[str, Any]], total: int) -> None:
+    flat = buffer.view(total)
+    for tensor, place in zip(tensors, layout, strict=True):
+        if place["nbytes"]:
+            source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            flat[place["offset"] : place["offset"] + place["nbytes"]].copy_(source)
+
+
+def read_image(directory: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(meta, payload) from a shm directory, or None when there is no complete image."""
+    meta_path, buffer_path = directory / META, directory / BUFFER
+    if not meta_path.is_file() or not buffer_path.is_file():
+        return None
+    if meta_path.stat().st_uid != os.getuid() or buffer_path.stat().st_uid != os.getuid():
+        return None
+    meta = torch.load(meta_path, weights_only=True)
+    if buffer_path.stat().st_size < meta["total"]:
+        return None
+    with open(buffer_path, "rb") as f:
+        data = bytearray(f.read(meta["total"]))
+    flat = torch.frombuffer(data, dtype=torch.uint8) if meta["total"] else torch.empty(0, dtype=torch.uint8)
+    tensors = []
+    for place in meta["layout"]:
+        dtype = getattr(torch, place["dtype"])
+        chunk = flat[place["offset"] : place["offset"] + place["nbytes"]]
+        tensors.append(chunk.view(dtype).reshape(place["shape"]) if place["nbytes"] else
+                       torch.empty(place["shape"], dtype=dtype))
+    return meta, unflatten(meta["skeleton"], tensors)
+
+
+def write_marker(directory: Path, name: str, value: int) -> None:
+    temp = directory / f"{name}.tmp"
+    temp.write_text(str(value))
+    os.replace(temp, directory / name)
+
+
+def read_marker(directory: Path, name: str) -> int:
+    try:
+        return int((directory / name).read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0

@@ -1,0 +1,70 @@
+"""The training configuration, its defaults in one place, and the hash that guards resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from training.errors import TrainingConfigError
+
+STRATEGIES = ("none", "blocking", "overlapped", "flash")
+
+# Fields that change the training trajectory: a checkpoint written under other values of
+# these must not be resumed silently.
+TRAJECTORY_FIELDS = ("model", "dataset", "global_batch", "seed", "lr", "optimizer", "momentum",
+                     "weight_decay", "lr_step", "lr_gamma")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    job_id: str = "train"
+    steps: int = 200
+    global_batch: int = 32
+    model: str = "mlp"
+    dataset: str = "synthetic"
+    seed: int = 1337
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_step: int = 100
+    lr_gamma: float = 0.5
+    ckpt_dir: str | None = None
+    ckpt_strategy: str = "blocking"
+    ckpt_every: int = 50
+    ckpt_keep: int = 3
+    warm_start: bool = False
+    log_dir: str | None = None
+    step_time: float = 0.0
+    """Extra seconds per step (to shape a run like the ECRL report's ~100 ms steps)."""
+    min_world_size: int = 1
+    hooks: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise TrainingConfigError(f"--steps {self.steps} must be >= 1")
+        if self.global_batch < 1:
+            raise TrainingConfigError(f"--global-batch {self.global_batch} must be >= 1")
+        if self.ckpt_strategy not in STRATEGIES:
+            raise TrainingConfigError(f"--ckpt-strategy {self.ckpt_strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        if self.ckpt_strategy != "none" and self.ckpt_dir is None:
+            raise TrainingConfigError(f"--ckpt-strategy {self.ckpt_strategy} needs --ckpt-dir "
+                                      f"(or use --ckpt-strategy none)")
+        if self.ckpt_every < 1:
+            raise TrainingConfigError(f"--ckpt-every {self.ckpt_every} must be >= 1")
+        if self.ckpt_keep < 1:
+            raise TrainingConfigError(f"--ckpt-keep {self.ckpt_keep} must be >= 1")
+        if self.optimizer not in ("sgd", "adam"):
+            raise TrainingConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adam")
+
+    def trajectory(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
+
+    def config_hash(self) -> str:
+        """Digest of what determines the trajectory (not steps, paths or checkpoint cadence)."""
+        text = json.dumps(self.trajectory(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)

@@ -1,0 +1,21 @@
+"""Error types of the training package; messages name the value, the limit and the fix."""
+
+from __future__ import annotations
+
+from ftcoord.errors import FtcoordError
+
+
+class TrainingConfigError(FtcoordError, ValueError):
+    """A training setting cannot work (sizes, paths, names)."""
+
+
+class CheckpointCorrupt(FtcoordError):
+    """A checkpoint failed its checksum or could not be read."""
+
+
+class ConfigMismatch(FtcoordError):
+    """A checkpoint was written under a different training configuration."""
+
+
+class DatasetNotFound(TrainingConfigError, FileNotFoundError):
+    """A dataset folder that was named does not exist or holds no data."""

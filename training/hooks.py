@@ -1,0 +1,41 @@
+"""Hook points inside the training step, for fault injection (chaos) and instrumentation.
+
+A hook is any object with `at_boundary(ctx)` (after a committed step, before the next)
+and/or `after_backward(ctx)` (gradients reduced, optimizer not stepped yet). With no hook
+installed the loop only tests an empty tuple: no cost when unused.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from training.errors import TrainingConfigError
+
+
+@dataclass
+class StepContext:
+    step: int
+    """The step being trained (after_backward) or the number of committed steps (at_boundary)."""
+    generation: int
+    rank: int
+    slot: int
+    world_size: int
+    is_leader: bool
+
+
+class StepHook(Protocol):
+    def at_boundary(self, ctx: StepContext) -> None: ...
+
+    def after_backward(self, ctx: StepContext) -> None: ...
+
+
+def load_hook(spec: str, config: Any) -> StepHook:
+    """`package.module:factory` → factory(config)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr or "hook")
+    except (ImportError, AttributeError) as exc:
+        raise TrainingConfigError(f"--hook {spec!r}: cannot load it ({exc}); use MODULE:FACTORY") from exc
+    return factory(config)

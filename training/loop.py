@@ -1,0 +1,141 @@
+"""The DDP training loop under @Wrapper: one call per generation, exact resume on faults."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ftcoord import CallWrapper
+from ftcoord.log import get_logger
+from training.checkpoint.base import CheckpointStrategy, Loaded, load_latest, make_strategy
+from training.config import TrainConfig
+from training.data import collate, make_dataset
+from training.heal import heal
+from training.hooks import StepContext, StepHook, load_hook
+from training.ledger import Ledger
+from training.models import build_model, parameter_count
+from training.sampler import ResumableGlobalBatchSampler, derive_seed, ids_hash, local_batch
+from training.state import TrainState, build_optimizer, build_scheduler
+
+
+class Trainer:
+    """Holds the live state of this process across generations (in-process restarts)."""
+
+    def __init__(self, config: TrainConfig, slot: int) -> None:
+        self.config = config
+        self.slot = slot
+        self.dataset = make_dataset(config.dataset, config.seed)
+        self.sampler = ResumableGlobalBatchSampler(len(self.dataset), config.global_batch, config.seed)
+        sample = self.dataset[0][0]
+        model = build_model(config.model, tuple(sample.shape), self.dataset.classes, config.seed)  # type: ignore[attr-defined]
+        optimizer = build_optimizer(config, model)
+        self.state = TrainState(model, optimizer, build_scheduler(config, optimizer), self.sampler)
+        self.config_hash = config.config_hash()
+        self.checkpoint: CheckpointStrategy | None = make_strategy(
+            config.ckpt_strategy, config.ckpt_dir, config_hash=self.config_hash, keep=config.ckpt_keep,
+            job_id=config.job_id)
+        self.ledger = Ledger(config.log_dir or os.environ.get("FTCOORD_LOG_DIR"), config.job_id, slot)
+        self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
+        self.log = get_logger(component="trainer", slot=slot)
+        self.log.info("trainer_ready", parameters=parameter_count(model), dataset_size=len(self.dataset),
+                      steps_per_epoch=self.sampler.steps_per_epoch, config_hash=self.config_hash)
+
+    # -- resume ---------------------------------------------------------------------
+
+    def _load_checkpoint(self) -> Loaded | None:
+        """Only when no member holds state: the newest flash image or disk checkpoint."""
+        if self.config.ckpt_dir is None:
+            return None
+        if self.checkpoint is not None:
+            loaded = self.checkpoint.load(self.config.warm_start)
+        else:
+            loaded = load_latest(self.config.ckpt_dir, self.config_hash, self.config.warm_start)
+        if loaded is not None and loaded.warm:
+            # Warm start: the weights only; optimizer, schedule and data order start afresh.
+            self.state.model.load_state_dict(loaded.payload["model"])
+            self.state.has_state = True
+            return None
+        return loaded
+
+    # -- one generation -------------------------------------------------------------------
+
+    def __call__(self, call: CallWrapper) -> str:
+        config, state = self.config, self.state
+        call.init_process_group()
+        rank, world = call.rank, call.world_size
+        local_batch(config.global_batch, world)  # the leader only picks divisors; guard anyway
+        report = heal(state, rank, world, self._load_checkpoint)
+        call.step = state.step
+        self.ledger.write("generation", generation=call.iteration, rank=rank, world_size=world,
+                          members=list(call.members), start_step=state.step, heal_source=report.source,
+                          heal_receivers=report.receivers, heal_bytes=report.bytes,
+                          heal_s=round(report.seconds, 4), loaded_from=report.loaded_from,
+                          restarts=call.restarts)
+        ddp = DDP(state.model)
+        hooks = self.hooks
+        while state.step < config.steps:
+            if call.should_stop:
+                return self._stop(call)
+            call.check()
+            step = state.step
+            torch.manual_seed(derive_seed(config.seed, "step", step, rank))
+            shard = self.sampler.shard(step, rank, world)
+            x, y, _ = collate(self.dataset, shard)
+            state.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()  # DDP all-reduces the gradients here
+            if hooks:
+                self._run_hooks("after_backward", call, step)
+            state.optimizer.step()
+            state.scheduler.step()
+            state.step = step + 1  # committed: this rank applied the full global batch
+            call.step = state.step
+            call.ping()
+            sampler_state = self.sampler.state(step)
+            self.ledger.write("step", generation=call.iteration, rank=rank, world_size=world, step=step,
+                              epoch=sampler_state.epoch, cursor=sampler_state.cursor,
+                              window_hash=ids_hash(self.sampler.window(step)), shard_hash=ids_hash(shard),
+                              shard_count=len(shard), shard_ids=shard.tolist(), loss=loss.item(),
+                              lr=state.scheduler.get_last_lr()[0])
+            if self.checkpoint is not None and rank == 0 and state.step % config.ckpt_every == 0:
+                self._save(call, world)
+            if hooks:
+                self._run_hooks("at_boundary", call, state.step)
+            if config.step_time:
+                time.sleep(config.step_time)
+        self.ledger.write("final", generation=call.iteration, rank=rank, world_size=world, step=state.step,
+                          digest=state.digest())
+        if self.checkpoint is not None and rank == 0:
+            self.checkpoint.flush()
+        return "done"
+
+    def _save(self, call: CallWrapper, world: int) -> None:
+        assert self.checkpoint is not None
+        with call.atomic():
+            stats = self.checkpoint.save(self.state, world)
+        self.ledger.write("checkpoint", generation=call.iteration, **stats.to_dict())
+
+    def _stop(self, call: CallWrapper) -> str:
+        """Preemption: an emergency checkpoint of the last committed step, then return."""
+        if self.checkpoint is not None and call.rank == 0:
+            self._save(call, call.world_size)
+            self.checkpoint.flush()
+        self.ledger.write("stopped", generation=call.iteration, rank=call.rank, step=self.state.step)
+        self.log.info("training_stopped", step=self.state.step)
+        return "stopped"
+
+    def _run_hooks(self, point: str, call: CallWrapper, step: int) -> None:
+        ctx = StepContext(step, call.iteration, call.rank, call.slot, call.world_size, call.is_leader)
+        for hook in self.hooks:
+            method = getattr(hook, point, None)
+            if method is not None:
+                method(ctx)
+
+    def close(self, finished: bool) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.close(finished)
+        self.ledger.close()
