@@ -4,7 +4,9 @@ from ftcoord.call import CallWrapper, GenerationInterrupted
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import (
     ConfigError,
+    FatalError,
     FtcoordError,
+    JobFailed,
     JobFinished,
     PortInUse,
     QuorumTimeout,
@@ -23,7 +25,9 @@ __all__ = [
     "RestartsExhausted",
     "Wrapper",
     "ConfigError",
+    "FatalError",
     "FtcoordError",
+    "JobFailed",
     "GenerationRecord",
     "JobFinished",
     "Participant",

@@ -7,7 +7,19 @@ class FtcoordError(Exception):
     """Base class of every error ftcoord raises on purpose."""
 
 
-class ConfigError(FtcoordError, ValueError):
+class FatalError(FtcoordError):
+    """An error no restart can fix (bad configuration, refused checkpoint).
+
+    Raised inside the wrapped function it ends the whole job: every process exits with
+    it and launchers do not restart them.
+    """
+
+
+class JobFailed(FatalError):
+    """Another process of the job hit a fatal error; its message is carried here."""
+
+
+class ConfigError(FatalError, ValueError):
     """A setting is out of range or inconsistent with another one."""
 
 

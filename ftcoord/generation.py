@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.config import Timing
-from ftcoord.errors import JobFinished, QuorumTimeout
+from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout
 from ftcoord.leader import current_generation, read_record
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
@@ -45,8 +45,10 @@ class GenerationClient:
         generation = self.current() + 1
         self._interrupt_if_needed(self.record(generation - 1))
         while True:
+            self._raise_if_failed()
             self._announce(generation, step)
             record = self._wait_record(generation)
+            self._raise_if_failed()
             if record.failed is not None:
                 raise QuorumTimeout(record.failed)
             rank = record.rank_of(self.slot, self.incarnation)
@@ -97,6 +99,15 @@ class GenerationClient:
             if self.is_interrupted(record.generation):
                 return False
 
+    def _raise_if_failed(self) -> None:
+        fatal = get_or_none(self._store, keys.FATAL)
+        if fatal is not None:
+            raise JobFailed(fatal.decode())
+
+    def fail(self, message: str) -> None:
+        """End the whole job with a fatal error (first message wins)."""
+        self._store.compare_set(keys.FATAL, "", message)
+
     def is_done(self) -> bool:
         return bool(self._store.check([keys.DONE]))
 
@@ -142,6 +153,7 @@ class GenerationClient:
                 record = self.record(generation)
                 if record is not None:
                     return record
+            self._raise_if_failed()
             if self.is_done() or self.is_stopped():
                 raise JobFinished(f"job finished while slot {self.slot} waited for generation {generation}")
             if deadline is None and self._previous_ended(generation):

@@ -10,6 +10,7 @@ LEADER = "leader"  # "term:slot:incarnation" of the process that proposes record
 CURRENT = "gen/current"  # a hint: the newest decided generation (walk forward to be sure)
 DONE = "done"  # set when the job completed: every process exits 0
 STOP = "stop"  # "generation:slot:incarnation" of the first process asked to stop (SIGTERM)
+FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
 
 

@@ -141,8 +141,8 @@ class LeaderDuty:
                 self._log.warning("leader_duty_paused", paused_s=round(now - last_tick, 3))
             last_tick = now
             try:
-                if get_or_none(self._store, keys.DONE) is not None:
-                    return
+                if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
+                    return  # nothing left to decide
                 read_at, facts = self._observe()
                 if self._claim is None:
                     self._try_acquire(facts)

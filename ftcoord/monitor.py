@@ -101,6 +101,12 @@ class InterruptMonitor:
             self._log.info("stop_requested", generation=generation)
         requested = get_or_none(self._store, keys.STOP)
         if requested is not None and requested != self._stale_stop and not self.stop_requested.is_set():
-            self.stop_requested.set()
+            # The generation ends first, so every member stops at the same step: they meet in
+            # the next generation (healed, level) and stop at its first boundary.
             if generation is not None:
                 self._store.compare_set(keys.interrupt(generation), "", f"stop:slot={self._slot}")
+                with self._lock:
+                    if generation == self._generation:
+                        self.reason = "stop"
+                        self._fired.set()
+            self.stop_requested.set()

@@ -225,6 +225,12 @@ class Supervisor:
         if get_or_none(self.store, keys.DONE) is not None:
             slot.finished = True
             return None
+        fatal = get_or_none(self.store, keys.FATAL)
+        if fatal is not None:
+            print(f"ftcoord-launch: the job failed: {fatal.decode()}; not restarting.", file=sys.stderr)
+            self._log.error("job_failed", error=fatal.decode())
+            self._kill_all()
+            return EXIT_FAILED
         if self.config.restart_policy == "job":
             return self._restart_job()
         if slot.restarts >= self.config.max_restarts:

@@ -25,7 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 from ftcoord import env, log
 from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.errors import FtcoordError, JobFinished
+from ftcoord.errors import FatalError, FtcoordError, JobFinished
 from ftcoord.participant import Participant
 
 P = ParamSpec("P")
@@ -137,6 +137,13 @@ class Wrapper:
                 collateral = True
                 try:
                     result = fn(call, *args, **kwargs)
+                except FatalError as exc:  # no restart can fix it: end the job everywhere
+                    message = f"slot {participant.slot}: {type(exc).__name__}: {exc}"
+                    participant.generations.fail(message)
+                    participant.interrupt(f"fatal:slot={participant.slot}")
+                    logger.error("job_failed", error=message)
+                    call.teardown()
+                    raise
                 except Exception as exc:  # any fault of this generation: restart in-process
                     cause: BaseException = exc
                     # Collateral: the generation was already over (a peer died, hung or

@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import fields
 
-from ftcoord import FtcoordError, Wrapper, env, log
+from ftcoord import FatalError, FtcoordError, Wrapper, env, log
 from training.config import STRATEGIES, TrainConfig
 from training.loop import Trainer
 from training.models import MODELS
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     result = None
     try:
         result = wrapper.run(trainer)
+    except FatalError as exc:
+        print(f"python -m training: {exc}", file=sys.stderr)
+        return 4
     finally:
         trainer.close(finished=result == "done")
     return 0

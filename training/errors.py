@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from ftcoord.errors import FtcoordError
+from ftcoord.errors import FatalError
 
 
-class TrainingConfigError(FtcoordError, ValueError):
+class TrainingConfigError(FatalError, ValueError):
     """A training setting cannot work (sizes, paths, names)."""
 
 
-class CheckpointCorrupt(FtcoordError):
+class CheckpointCorrupt(FatalError):
     """A checkpoint failed its checksum or could not be read."""
 
 
-class ConfigMismatch(FtcoordError):
+class ConfigMismatch(FatalError):
     """A checkpoint was written under a different training configuration."""
 
 

@@ -78,9 +78,9 @@ class Trainer:
         ddp = DDP(state.model)
         hooks = self.hooks
         while state.step < config.steps:
+            call.check()  # before should_stop: a stop first ends the generation (see monitor)
             if call.should_stop:
                 return self._stop(call)
-            call.check()
             step = state.step
             torch.manual_seed(derive_seed(config.seed, "step", step, rank))
             shard = self.sampler.shard(step, rank, world)

@@ -12,14 +12,14 @@ Protocol on stdin/stdout, one JSON object a line:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
 import sys
 
-import importlib
-
 import ftcoord  # noqa: F401 - the expensive import, done once before any fork
+import training.loop  # noqa: F401
 from tests.helpers import allreduce_job, member  # noqa: F401 - preloaded for the children
 
 _exited: dict[int, int] = {}
