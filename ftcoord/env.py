@@ -6,6 +6,7 @@ The launcher sets them for its children; torchrun and SLURM set the fallbacks.
 from __future__ import annotations
 
 import os
+import sys
 
 STORE_ENV: str = "FTCOORD_STORE"  # "host:port" of the external TCPStore
 JOB_ID_ENV: str = "FTCOORD_JOB_ID"
@@ -55,3 +56,23 @@ def slot_from_env() -> int:
 def world_size_from_env() -> int:
     """The job's target world size: FTCOORD_WORLD_SIZE, else WORLD_SIZE, else SLURM_NTASKS."""
     return int(_first(WORLD_SIZE_ENV, TORCHRUN_WORLD_SIZE_ENV, SLURM_NTASKS_ENV) or 1)
+
+LAUNCHER_PID_ENV: str = "FTCOORD_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this process when its launcher dies (no orphaned ranks).
+
+    Only when this process's parent is the launcher that started it; elsewhere a no-op.
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or int(launcher) != os.getppid() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(launcher):  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)

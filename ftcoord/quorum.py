@@ -27,14 +27,18 @@ class Decision:
 def choose_members(joiners: list[JoinRequest], policy: QuorumPolicy) -> Decision | None:
     """Pick the largest accepted world size from the live joiners.
 
-    Ranks follow slot order, so a slot keeps its rank across generations whenever the
-    membership allows it (the data shard of a rank depends only on the rank). Slots
-    beyond the chosen size (usually the launcher's spare slots) become hot spares.
+    When the size is trimmed, joiners holding the most advanced state come first (leaving
+    them out would lose it), then lower slots (usually the launcher's workers before its
+    spares). Ranks follow slot order, so a slot keeps its rank whenever the membership
+    allows it. The joiners left out are hot spares.
 
     Returns None when no accepted size can be formed (fewer than min_world_size).
     """
-    ordered = sorted(joiners, key=lambda j: j.slot)
-    for size in range(min(len(ordered), policy.limit), 0, -1):
+    best = max((j.step for j in joiners), default=-1)
+    preferred = sorted(joiners, key=lambda j: (j.step != best, j.slot))
+    for size in range(min(len(preferred), policy.limit), 0, -1):
         if policy.accepts(size):
-            return Decision(tuple(ordered[:size]), tuple(ordered[size:]))
+            members = sorted(preferred[:size], key=lambda j: j.slot)
+            spares = sorted(preferred[size:], key=lambda j: j.slot)
+            return Decision(tuple(members), tuple(spares))
     return None

@@ -17,6 +17,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftcoord.env import die_with_launcher
+
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
 STANDBY_ENV = "FTCOORD_STANDBY"  # set to "1" in a process that started as a standby
 
@@ -78,6 +80,7 @@ def main() -> None:
     if parsed is None:
         print(f"ftcoord standby: cannot run {command!r} in-process", file=sys.stderr)
         sys.exit(2)
+    die_with_launcher()
     parsed.preload()
     ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
     if ready_fd >= 0:

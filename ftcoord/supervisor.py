@@ -115,6 +115,7 @@ class Supervisor:
             env.SLOT_ENV: str(slot.slot),
             env.WORLD_SIZE_ENV: str(self.config.target_world_size),
             env.LOCAL_RANK_ENV: str(slot.local_rank),
+            env.LAUNCHER_PID_ENV: str(os.getpid()),
         }
         if self.config.log_dir:
             values[env.LOG_DIR_ENV] = self.config.log_dir
@@ -142,7 +143,7 @@ class Supervisor:
         process = subprocess.Popen(
             [sys.executable, "-m", "ftcoord.standby", "--", *self.config.command],
             stdin=subprocess.PIPE, pass_fds=(write_fd,),
-            env={**os.environ, READY_FD_ENV: str(write_fd)},
+            env={**os.environ, READY_FD_ENV: str(write_fd), env.LAUNCHER_PID_ENV: str(os.getpid())},
         )
         os.close(write_fd)
         self.standbys.append(Standby(process, read_fd))

@@ -112,6 +112,7 @@ class Wrapper:
             RestartsExhausted: more than max_restarts in-process restarts.
             QuorumTimeout: too few processes to form a generation.
         """
+        env.die_with_launcher()
         log_dir = self.log_dir or os.environ.get(env.LOG_DIR_ENV)
         participant = self._participant()
         if log_dir:

@@ -24,8 +24,9 @@ class Ledger:
         self.job_id = job_id
         self.slot = slot
         self._file = None
+        self.directory: Path | None = None
         if directory is not None:
-            path = Path(directory)
+            path = self.directory = Path(directory)
             path.mkdir(parents=True, exist_ok=True)
             self.path = path / f"ledger-slot{slot}-{os.getpid()}.jsonl"
             self._file = self.path.open("a", buffering=1, encoding="utf-8")

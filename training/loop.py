@@ -109,6 +109,9 @@ class Trainer:
                 time.sleep(config.step_time)
         self.ledger.write("final", generation=call.iteration, rank=rank, world_size=world, step=state.step,
                           digest=state.digest())
+        if rank == 0 and self.ledger.directory is not None:
+            # The final parameters, for divergence (L2) against a reference run.
+            torch.save(state.model.state_dict(), self.ledger.directory / "final_params.pt")
         if self.checkpoint is not None and rank == 0:
             self.checkpoint.flush()
         return "done"

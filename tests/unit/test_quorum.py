@@ -23,6 +23,14 @@ def test_trims_to_an_accepted_size() -> None:
     assert decision is not None and [j.slot for j in decision.members] == [0, 1]
 
 
+def test_trimming_never_leaves_out_the_only_holders_of_the_newest_state() -> None:
+    # A hot spare (slot 100000) trained while slot 0 waited; slot 1 is a fresh replacement.
+    decision = choose_members(joins((0, -1), (1, -1), (100000, 57)), QuorumPolicy(2))
+    assert decision is not None
+    assert [j.slot for j in decision.members] == [0, 100000]
+    assert [j.slot for j in decision.spares] == [1]
+
+
 def test_too_few_joiners_give_no_decision() -> None:
     assert choose_members(joins((0, 0)), QuorumPolicy(4, min_world_size=2)) is None
 

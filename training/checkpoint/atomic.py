@@ -25,7 +25,7 @@ PAYLOAD = "state.pt"
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 FORMAT_VERSION = 1
-CRASH_ENV = "FTCOORD_FAULT_CKPT_WRITE"  # "kill:MARKER": die half-way through one payload write (chaos)
+CRASH_ENV = "FTCOORD_FAULT_CKPT_WRITE"  # "kill:MARKER[:MINSTEP]": die half-way through one write (chaos)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def commit(root: Path, step: int, payload: bytes | memoryview, *, world_size: in
     if temp.exists():
         shutil.rmtree(temp)
     temp.mkdir(mode=0o700)
-    _write_file(temp / PAYLOAD, payload, crash_half_way=_planted_crash())
+    _write_file(temp / PAYLOAD, payload, crash_half_way=_planted_crash(step))
     manifest = Manifest(step=step, world_size=world_size, config_hash=config_hash,
                         sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), time=time.time(),
                         strategy=strategy)
@@ -96,12 +96,15 @@ def commit(root: Path, step: int, payload: bytes | memoryview, *, world_size: in
     return manifest
 
 
-def _planted_crash() -> bool:
+def _planted_crash(step: int) -> bool:
     """A fault planted by chaos: crash once during a payload write (a marker file says once)."""
     spec = os.environ.get(CRASH_ENV, "")
     if not spec.startswith("kill:"):
         return False
-    marker = Path(spec[len("kill:"):])
+    marker_text, _, min_step = spec[len("kill:"):].partition(":")
+    if min_step and step < int(min_step):
+        return False
+    marker = Path(marker_text)
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:

@@ -1,0 +1,103 @@
+"""Starting and stopping a scenario's launchers: one `ftcoord-launch` per node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
+from chaos.scenario import JobSpec
+from training.checkpoint.atomic import CRASH_ENV
+
+
+def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
+    """The `python -m training` command line of one rank of this job."""
+    args = ["--steps", str(job.steps), "--global-batch", str(job.global_batch), "--model", job.model,
+            "--dataset", job.dataset, "--seed", str(job.seed), "--lr", str(job.lr), "--optimizer", job.optimizer,
+            "--step-time", str(job.step_time), "--min-world-size", str(job.min_world_size),
+            "--heartbeat-interval", str(job.heartbeat_interval), "--heartbeat-timeout", str(job.heartbeat_timeout),
+            "--join-timeout", str(job.join_timeout), "--pg-timeout", str(job.pg_timeout),
+            "--hook", "chaos.inject:hook"]
+    if job.progress_timeout:
+        args += ["--progress-timeout", str(job.progress_timeout)]
+    if ckpt_dir is not None and job.ckpt_strategy != "none":
+        args += ["--ckpt-dir", str(ckpt_dir), "--ckpt-strategy", job.ckpt_strategy, "--ckpt-every", str(job.ckpt_every)]
+    return args
+
+
+@dataclass
+class Node:
+    index: int
+    slots: list[int]
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+
+class Launchers:
+    """The launchers of one run: start, preempt (SIGTERM), lose (SIGKILL everything) and restart."""
+
+    def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
+                 output: Path) -> None:
+        self.job, self.store, self.job_id, self.out = job, store, job_id, out
+        self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
+        self.env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+                    "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                    PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)}
+        if crash:
+            self.env[CRASH_ENV] = crash
+        self.output = output.open("ab")
+
+    def command(self, node: Node) -> list[str]:
+        job = self.job
+        return [sys.executable, "-m", "ftcoord.launch", "--store", self.store, "--job-id", self.job_id,
+                "--nproc", str(len(node.slots)), "--first-slot", str(node.slots[0]), "--world-size", str(job.nproc),
+                "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
+                "--restart-policy", job.restart_policy, "--max-restarts", "20", "--grace", "30",
+                "--log-dir", str(self.out / "logs"), "--", sys.executable, "-m", "training",
+                *training_args(job, self.out / "ckpt")]
+
+    def start(self, node: Node) -> None:
+        node.process = subprocess.Popen(self.command(node), env=self.env, stdout=self.output,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        node.starts += 1
+
+    def start_all(self) -> None:
+        for node in self.nodes:
+            self.start(node)
+
+    def node_of(self, slot: int) -> Node:
+        return next(n for n in self.nodes if slot in n.slots)
+
+    def kill(self, node: Node) -> None:
+        """The node is lost: its launcher and every process it started die at once."""
+        if node.process is not None and node.process.poll() is None:
+            try:
+                os.killpg(node.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            node.process.wait()
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            self.kill(node)
+
+    def terminate_all(self) -> None:
+        """Preemption: SIGTERM to every launcher (they forward it to their ranks)."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+
+    def running(self) -> list[Node]:
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+
+    def exit_codes(self) -> dict[int, int | None]:
+        return {n.index: (n.process.returncode if n.process else None) for n in self.nodes}
+
+    def close(self) -> None:
+        self.kill_all()
+        self.output.close()

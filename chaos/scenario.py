@@ -1,0 +1,209 @@
+"""Scenario files (TOML): the job to run and the faults to inject, validated up front.
+
+    name = "kill-boundary"
+    description = "SIGKILL a rank right after a committed step; the launcher restarts it"
+    [job]
+    nproc = 2
+    steps = 120
+    global_batch = 32
+    [[faults]]
+    kind = "kill-boundary"
+    slot = 1
+    step = 40
+
+Every error names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ftcoord.errors import FatalError
+from training.config import STRATEGIES
+from training.models import MODELS
+
+BUNDLED = Path(__file__).parent / "scenarios"
+
+# Injected by the rank itself through the training hook (boundary-safe, exact step).
+IN_RANK_KINDS = ("kill-boundary", "kill-midstep")
+# Sent by the runner from outside, as real faults arrive.
+OUTSIDE_KINDS = ("kill", "kill-leader", "hang", "preempt", "ckpt-crash", "lose", "replace", "early-restart")
+KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
+RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang")
+
+
+class ScenarioError(FatalError, ValueError):
+    """A scenario file is malformed or asks for something the job cannot do."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    nproc: int = 2
+    spares: int = 0
+    nodes: tuple[tuple[int, ...], ...] = ()
+    """Slots per node (one launcher each); default: one node with every slot."""
+    steps: int = 120
+    global_batch: int = 32
+    model: str = "mlp"
+    dataset: str = "synthetic:1024"
+    seed: int = 1337
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    step_time: float = 0.0
+    ckpt_strategy: str = "blocking"
+    ckpt_every: int = 40
+    restart_policy: str = "slot"
+    warm_standby: int = 1
+    min_world_size: int = 1
+    heartbeat_interval: float = 0.2
+    heartbeat_timeout: float = 2.0
+    join_timeout: float = 3.0
+    progress_timeout: float | None = None
+    pg_timeout: float = 60.0
+
+    def trajectory_key(self) -> str:
+        """What a fault-free reference run depends on (faults excluded)."""
+        data = {k: v for k, v in asdict(self).items()}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+    @property
+    def node_slots(self) -> list[list[int]]:
+        return [list(n) for n in self.nodes] if self.nodes else [list(range(self.nproc))]
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    slot: int = 0
+    step: int = 0
+    duration: float = 0.0
+    """hang: seconds stopped before SIGCONT; lose: unused."""
+    label: str = ""
+
+    @property
+    def in_rank(self) -> bool:
+        return self.kind in IN_RANK_KINDS
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    job: JobSpec
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+    path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _job(table: dict[str, Any], where: str) -> JobSpec:
+    names = {f.name for f in fields(JobSpec)}
+    _check_keys(table, names, f"{where} [job]")
+    values = dict(table)
+    if "nodes" in values:
+        values["nodes"] = tuple(tuple(int(s) for s in node) for node in values["nodes"])
+    try:
+        job = JobSpec(**values)
+    except TypeError as exc:
+        raise ScenarioError(f"{where} [job]: {exc}") from exc
+    for key, low in (("nproc", 1), ("steps", 1), ("global_batch", 1), ("ckpt_every", 1), ("spares", 0),
+                     ("warm_standby", 0), ("min_world_size", 1)):
+        if not isinstance(getattr(job, key), int) or getattr(job, key) < low:
+            raise ScenarioError(f"{where} [job] {key} = {getattr(job, key)!r}: must be an integer >= {low}")
+    if job.global_batch % job.nproc:
+        raise ScenarioError(f"{where} [job] global_batch = {job.global_batch} is not divisible by nproc = "
+                            f"{job.nproc}; pick a divisor of the global batch for nproc")
+    if job.model not in MODELS:
+        raise ScenarioError(f"{where} [job] model = {job.model!r}: choose one of {list(MODELS)}")
+    if job.ckpt_strategy not in STRATEGIES:
+        raise ScenarioError(f"{where} [job] ckpt_strategy = {job.ckpt_strategy!r}: choose one of {list(STRATEGIES)}")
+    if job.restart_policy not in ("slot", "job"):
+        raise ScenarioError(f"{where} [job] restart_policy = {job.restart_policy!r}: choose slot or job")
+    if job.nodes:
+        flat = sorted(s for node in job.nodes for s in node)
+        if flat != list(range(job.nproc)):
+            raise ScenarioError(f"{where} [job] nodes = {job.nodes}: must split the slots 0..{job.nproc - 1} "
+                                f"exactly once each")
+    return job
+
+
+def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
+    _check_keys(table, {f.name for f in fields(Fault)}, where)
+    if "kind" not in table:
+        raise ScenarioError(f"{where}: missing key 'kind'; one of {list(KINDS)}")
+    fault = Fault(**table)
+    if fault.kind not in KINDS:
+        raise ScenarioError(f"{where}: unknown fault kind {fault.kind!r}; allowed: {list(KINDS)}")
+    slots = job.nproc + job.spares
+    if not 0 <= fault.slot < slots and fault.kind not in ("kill-leader", "preempt"):
+        raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
+    if not 0 <= fault.step < job.steps:
+        raise ScenarioError(f"{where}: step = {fault.step} is beyond the run (steps 0..{job.steps - 1})")
+    if fault.kind == "hang" and fault.duration <= 0:
+        raise ScenarioError(f"{where}: a hang needs duration > 0 seconds (how long the rank stays stopped)")
+    if fault.kind in ("lose", "replace") and not job.nodes:
+        raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
+    if fault.kind == "ckpt-crash" and job.ckpt_strategy == "none":
+        raise ScenarioError(f"{where}: ckpt-crash needs a checkpoint strategy, not 'none'")
+    return fault
+
+
+def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) -> tuple[Fault, ...]:
+    """Faults drawn from an MTBF (in steps): kinds, slots and steps all from the seed."""
+    rng = random.Random(seed)
+    faults, step = [], 0.0
+    while True:
+        step += rng.expovariate(1.0 / mtbf_steps)
+        if step >= job.steps - margin:
+            return tuple(faults)
+        kind = rng.choice(RANDOM_KINDS)
+        faults.append(Fault(kind=kind, slot=rng.randrange(job.nproc), step=int(step),
+                            duration=3 * job.heartbeat_timeout if kind == "hang" else 0.0, label=f"random-{len(faults)}"))
+
+
+def parse(text: str, where: str = "<scenario>") -> Scenario:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{where}: not valid TOML ({exc})") from exc
+    _check_keys(data, {"name", "description", "job", "faults", "random"}, where)
+    for key in ("name", "description"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise ScenarioError(f"{where}: '{key}' must be a non-empty string")
+    job = _job(data.get("job", {}), where)
+    faults = tuple(_fault(t, job, f"{where} [[faults]] #{i + 1}") for i, t in enumerate(data.get("faults", [])))
+    if "random" in data:
+        rnd = data["random"]
+        _check_keys(rnd, {"seed", "mtbf_steps"}, f"{where} [random]")
+        if not isinstance(rnd.get("mtbf_steps"), (int, float)) or rnd["mtbf_steps"] <= 0:
+            raise ScenarioError(f"{where} [random] mtbf_steps = {rnd.get('mtbf_steps')!r}: must be > 0")
+        faults += random_faults(job, int(rnd.get("seed", 0)), float(rnd["mtbf_steps"]))
+    return Scenario(data["name"], data["description"], job, tuple(sorted(faults, key=lambda f: f.step)), where)
+
+
+def load(name_or_path: str) -> Scenario:
+    """A bundled scenario by name (`kill-boundary`) or a TOML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = BUNDLED / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise ScenarioError(f"no scenario {name_or_path!r}: not a file, and not one of the bundled "
+                            f"{bundled_names()}")
+    return parse(path.read_text(), str(path))
+
+
+def bundled_names() -> list[str]:
+    return sorted(p.stem for p in BUNDLED.glob("*.toml"))
