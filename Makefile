@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	scripts/isolated-net $(VENV)/bin/ftcoord-launch --embedded-store --job-id demo --nproc 2 -- $(PY) examples/quickstart.py
+	scripts/isolated-net $(VENV)/bin/chaos demo
 
 test: $(STAMP)
 	scripts/isolated-net $(PY) -m pytest $(PYTEST_ARGS)

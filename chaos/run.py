@@ -61,6 +61,7 @@ class ChaosRunner:
         self._pending_conts: list[tuple[float, int]] = []
         self._relaunch_at: float | None = None
         self._crash_marker = out / "ckpt-crash-marker"
+        self._lost: set[int] = set()  # nodes lost on purpose and not replaced
 
     # -- setup ----------------------------------------------------------------------
 
@@ -88,7 +89,8 @@ class ChaosRunner:
         tail = LedgerTail(self.out / "logs")
         display = ProgressDisplay(self.scenario.name if self.faults else f"{self.scenario.name} (reference)",
                                   self.scenario.job.steps, len(self.faults), quiet=self.quiet)
-        pending = [f for f in self.faults if not f.in_rank]
+        pending = [f for f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
+        crash = next((f for f in self.faults if f.kind == "ckpt-crash"), None)
         started = time.monotonic()
         codes: list[dict[int, int | None]] = []
         result = RunResult(self.out, job_id, 0.0, codes)
@@ -102,6 +104,13 @@ class ChaosRunner:
                     pending.remove(fault)
                     self._inject(fault, tail, launchers)
                 self._resume_stopped(now)
+                if crash is not None and self._crash_marker.exists():
+                    # Rank 0 died inside a checkpoint write (planted in the commit); now the
+                    # whole job is lost, so the relaunch must resume from disk.
+                    self._record(crash, tail, None, note="rank 0 died mid-write; whole job killed")
+                    crash = None
+                    launchers.kill_all()
+                    self._relaunch_at = now
                 if self._relaunch_at is not None and now >= self._relaunch_at and not launchers.running():
                     codes.append(launchers.exit_codes())
                     self._relaunch_at = None
@@ -125,8 +134,8 @@ class ChaosRunner:
         self._note_in_rank_faults(tail)
         result.wall_s = time.monotonic() - started
         result.faults = sorted(self.events, key=lambda e: e.mono)
-        final = codes[-1] if codes else {}
-        result.completed = result.error is None and all(code == 0 for code in final.values() if code is not None)
+        final = {node: code for node, code in (codes[-1] if codes else {}).items() if node not in self._lost}
+        result.completed = result.error is None and bool(final) and all(code == 0 for code in final.values())
         if not result.completed and result.error is None:
             result.error = f"launchers exited with {final}; see {self.out / 'launchers.out'}"
         (self.out / "faults.jsonl").write_text("".join(json.dumps(e.__dict__) + "\n" for e in result.faults))
@@ -176,17 +185,16 @@ class ChaosRunner:
             self._record(fault, tail, None)
             launchers.terminate_all()
             self._relaunch_at = time.monotonic()  # as soon as every launcher has exited
-        elif kind == "ckpt-crash":
-            # Rank 0 dies inside a checkpoint write (planted in the writer); then the job is lost.
-            from tests_wait import wait_for_file  # type: ignore[import-not-found]  # noqa: F401
         elif kind == "lose":
             node = launchers.node_of(fault.slot)
             self._record(fault, tail, node.process.pid if node.process else None, note=f"node {node.index}")
             launchers.kill(node)
+            self._lost.add(node.index)
         elif kind == "replace":
             node = launchers.node_of(fault.slot)
             self._record(fault, tail, None, note=f"node {node.index}")
             launchers.start(node)
+            self._lost.discard(node.index)
 
     def _resume_stopped(self, now: float) -> None:
         for due, pid in list(self._pending_conts):

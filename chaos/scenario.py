@@ -68,8 +68,11 @@ class JobSpec:
     pg_timeout: float = 60.0
 
     def trajectory_key(self) -> str:
-        """What a fault-free reference run depends on (faults excluded)."""
-        data = {k: v for k, v in asdict(self).items()}
+        """What a fault-free reference run depends on: not faults, and not how processes are
+        placed or supervised (nodes, spares, standbys, restart policy, timeouts)."""
+        placement = {"nodes", "spares", "warm_standby", "restart_policy", "heartbeat_interval",
+                     "heartbeat_timeout", "join_timeout", "progress_timeout", "pg_timeout", "min_world_size"}
+        data = {k: v for k, v in asdict(self).items() if k not in placement}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
     @property
@@ -170,8 +173,9 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         if step >= job.steps - margin:
             return tuple(faults)
         kind = rng.choice(RANDOM_KINDS)
-        faults.append(Fault(kind=kind, slot=rng.randrange(job.nproc), step=int(step),
-                            duration=3 * job.heartbeat_timeout if kind == "hang" else 0.0, label=f"random-{len(faults)}"))
+        duration = 3 * job.heartbeat_timeout if kind == "hang" else 0.0
+        faults.append(Fault(kind=kind, slot=rng.randrange(job.nproc), step=int(step), duration=duration,
+                            label=f"random-{len(faults)}"))
 
 
 def parse(text: str, where: str = "<scenario>") -> Scenario:

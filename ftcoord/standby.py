@@ -49,8 +49,10 @@ class PythonCommand:
 
         if self.module is not None:
             try:  # a module run with -m keeps its work behind `if __name__ == "__main__"`
-                importlib.import_module(self.module)
-            except Exception:
+                module = importlib.import_module(self.module)
+                if hasattr(module, "__path__"):  # a package: -m runs its __main__, warm that too
+                    importlib.import_module(f"{self.module}.__main__")
+            except Exception:  # noqa: S110 - preloading is best effort; the real run reports errors
                 pass
 
     def run(self) -> int:
@@ -73,6 +75,27 @@ class PythonCommand:
         return 0
 
 
+STANDBY_NICE = 10
+
+
+def _lower_priority() -> int:
+    try:
+        os.nice(STANDBY_NICE)
+        return STANDBY_NICE
+    except OSError:
+        return 0
+
+
+def _restore_priority(niced: int) -> None:
+    """Back to normal priority when taking a slot (needs the privilege to lower niceness)."""
+    if niced:
+        try:
+            os.nice(-niced)
+        except OSError:
+            print("ftcoord standby: could not restore normal priority (not permitted); running niced",
+                  file=sys.stderr)
+
+
 def main() -> None:
     """`python -m ftcoord.standby -- CMD...`: preload, say ready, wait for a slot, run."""
     command = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else sys.argv[1:]
@@ -81,6 +104,8 @@ def main() -> None:
         print(f"ftcoord standby: cannot run {command!r} in-process", file=sys.stderr)
         sys.exit(2)
     die_with_launcher()
+    # Warm up at low priority: on a busy node the import must not slow the running ranks.
+    niced = _lower_priority()
     parsed.preload()
     ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
     if ready_fd >= 0:
@@ -93,6 +118,7 @@ def main() -> None:
     if not line.strip():
         sys.exit(0)  # the launcher let us go
     assignment = json.loads(line)
+    _restore_priority(niced)
     os.environ.update(assignment["env"])
     os.environ[STANDBY_ENV] = "1"
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torchvision
 from torch.utils.data import Dataset
+from torchvision import transforms
 
 from training.errors import DatasetNotFound, TrainingConfigError
 from training.sampler import derive_seed
@@ -66,9 +68,6 @@ def make_dataset(spec: str, seed: int = 0) -> Dataset:
     synthetic[:N] | fakedata[:N] | fakedata100[:N] | cifar10:PATH | cifar100:PATH | imagefolder:PATH
     """
     name, _, arg = spec.partition(":")
-    import torchvision
-    from torchvision import transforms
-
     to_tensor = transforms.ToTensor()
     if name == "synthetic":
         return SyntheticDataset(size=int(arg) if arg else 8192, seed=seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torchvision
 from torch import nn
 
 from training.errors import TrainingConfigError
@@ -26,8 +27,6 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
             layers += [nn.Linear(width, width), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(width, classes))
     if name == "resnet18":
-        import torchvision
-
         if len(input_shape) != 3:
             raise TrainingConfigError(f"resnet18 needs image inputs (C, H, W), not shape {input_shape}; "
                                       f"use --dataset fakedata or cifar10:PATH")

@@ -1,0 +1,139 @@
+"""`chaos`: run fault scenarios against a real job and prove it trained every sample once.
+
+    chaos list                         the bundled scenarios
+    chaos run kill-boundary --out DIR  run one (and its fault-free reference, cached)
+    chaos verify DIR / chaos report DIR
+    chaos demo                         a short mix of faults on 3 ranks (the README's main job)
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: no c10d socket chatter
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.scenario import ScenarioError, bundled_names, load
+
+
+def _print_report(report: dict[str, Any], run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=False)
+    c, g = report["correctness"], report["goodput"]
+    verdict = "[bold green]PASS[/]" if report["verdict"] == "pass" else "[bold red]FAIL[/]"
+    table = Table(title=f"{report['scenario']}: {verdict}", show_header=False, title_justify="left")
+    table.add_column("check")
+    table.add_column("value")
+    table.add_row("steps committed", f"{c['committed_steps']} / {report['steps']}")
+    table.add_row("duplicates / missing / extra", f"{c['duplicates']} / {c['missing']} / {c['extra']}"
+                  f"  ({c['epochs_checked']} full epochs checked)")
+    table.add_row("bit-identical to reference", str(c["bit_identical"]) + (
+        "  (world size changed: see divergence)" if c["bit_identical"] is None else ""))
+    table.add_row("world sizes", str(report["world_sizes"]))
+    table.add_row("goodput", f"{g['steps_per_s']} steps/s vs {g['reference_steps_per_s']} (ratio {g['ratio']})")
+    table.add_row("restarts (process / in-process)", f"{report['restarts']} / {report['in_process_restarts']}")
+    table.add_row("generations / replayed steps", f"{report['generations']} / {report['replayed_steps']}")
+    table.add_row("checkpoints", f"{report['checkpoint']['saves']} {report['checkpoint']['strategy']} saves, "
+                  f"{report['checkpoint']['stall_s_total']} s stall")
+    console.print(table)
+    faults = Table(title="faults", title_justify="left")
+    for column in ("kind", "slot", "step", "detect s", "recover s", "full size s"):
+        faults.add_column(column)
+    for f in report["faults"]:
+        faults.add_row(f["kind"], str(f["slot"]), str(f["step"]), str(f["detect_s"]), str(f["recover_s"]),
+                       str(f["full_recover_s"]))
+    console.print(faults)
+    for problem in report["problems"]:
+        console.print(f"[red]problem:[/] {problem}")
+    console.print(f"report: {run_dir / 'report.md'} (+ report.json, loss.png, timeline.png, goodput.png)")
+
+
+def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Run a scenario and its reference; write and return the report."""
+    from chaos.reference import ensure_reference
+    from chaos.report import build_report, write_report
+    from chaos.run import ChaosRunner
+
+    scenario = load(name)
+    ref_dir, ref = ensure_reference(scenario, quiet=quiet)
+    result = ChaosRunner(scenario, out, quiet=quiet).run()
+    (out / "scenario.toml").write_text(Path(scenario.path).read_text())
+    report = build_report(out, scenario, ref_dir, ref, result.completed, result.error)
+    report["wall_s"] = round(result.wall_s, 2)
+    write_report(out, report, ref_dir)
+    return report
+
+
+def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:
+    import json
+
+    from chaos.reference import ensure_reference
+    from chaos.report import build_report, scenario_of, write_report
+
+    scenario = scenario_of(run_dir)
+    ref_dir, ref = ensure_reference(scenario)
+    previous = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
+    report = build_report(run_dir, scenario, ref_dir, ref)
+    if "wall_s" in previous:
+        report["wall_s"] = previous["wall_s"]
+    if write:
+        write_report(run_dir, report, ref_dir)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the bundled scenarios")
+    run = sub.add_parser("run", help="run a scenario (bundled name or TOML file) and report a verdict")
+    run.add_argument("scenario")
+    run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<scenario>-<time>)")
+    run.add_argument("--quiet", action="store_true", help="no live progress line")
+    for name, text in (("verify", "re-check a finished run directory"), ("report", "rewrite a run's report and plots")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run_dir", type=Path)
+    demo = sub.add_parser("demo", help="a short mix of faults on 3 ranks, about 1-3 minutes")
+    demo.add_argument("--out", type=Path, default=None)
+    bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency and checkpoint stall")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
+    bench.add_argument("--out", type=Path, default=Path("runs/bench"))
+    args = parser.parse_args(argv)
+
+    from ftcoord import log
+
+    log.configure(None, level="warning")
+    try:
+        if args.command == "list":
+            for name in bundled_names():
+                print(f"{name:15s} {load(name).description}")
+            return 0
+        if args.command in ("run", "demo"):
+            name = "demo" if args.command == "demo" else args.scenario
+            out = args.out or Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+            report = run_scenario(name, out, quiet=getattr(args, "quiet", False))
+            _print_report(report, out)
+            return 0 if report["verdict"] == "pass" else 1
+        if args.command in ("verify", "report"):
+            report = _verify_or_report(args.run_dir, write=args.command == "report")
+            _print_report(report, args.run_dir)
+            return 0 if report["verdict"] == "pass" else 1
+        if args.command == "bench":
+            from chaos.bench import run_bench
+
+            return run_bench(args.out, quick=args.quick)
+    except (ScenarioError, FileNotFoundError) as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Metrics of a run, computed from its ledger, its logs and its fault events."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.ledger import read_ledgers
+
+
+def read_logs(directory: Path, events: tuple[str, ...]) -> list[dict[str, Any]]:
+    """structlog JSON lines of the given event names (every process of the run)."""
+    found = []
+    for path in directory.rglob("*.jsonl"):
+        if path.name.startswith("ledger-"):
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if line.endswith("}") and any(f'"{e}"' in line for e in events):
+                record = json.loads(line)
+                if record.get("event") in events:
+                    found.append(record)
+    return sorted(found, key=lambda r: r.get("mono", 0.0))
+
+
+def effective_steps(records: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Per step, the records of the highest generation that committed it."""
+    by_step: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r["kind"] == "step":
+            by_step[r["step"]][r["generation"]].append(r)
+    return {step: gens[max(gens)] for step, gens in by_step.items()}
+
+
+def loss_curve(records: list[dict[str, Any]]) -> list[float]:
+    """Mean loss over ranks per step (effective commits), in step order."""
+    effective = effective_steps(records)
+    return [sum(r["loss"] for r in effective[s]) / len(effective[s]) for s in sorted(effective)]
+
+
+def goodput(records: list[dict[str, Any]], steps: int) -> float:
+    """Useful steps per wall second, first committed step to last."""
+    monos = [r["mono"] for r in records if r["kind"] == "step"]
+    if len(monos) < 2:
+        return 0.0
+    return steps / max(max(monos) - min(monos), 1e-9)
+
+
+def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], logs: Path,
+                  target_world_size: int) -> list[dict[str, Any]]:
+    """Per fault: detection (→ generation interrupted) and recovery (→ next committed step
+    in a newer generation; and back at the target world size)."""
+    interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
+    steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
+    timed = []
+    for fault in faults:
+        t0, gen = fault["mono"], fault["generation"]
+        detect = next((e["mono"] - t0 for e in interrupts if e["mono"] >= t0), None)
+        recover = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen), None)
+        full = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen
+                     and r["world_size"] == target_world_size), None)
+        timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
+                      "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),
+                      "note": fault.get("note", "")})
+    return timed
+
+
+def divergence(run_loss: list[float], ref_loss: list[float], run_params: Path, ref_params: Path) -> dict[str, Any]:
+    """How far a run drifted from the reference (expected when the world size changed)."""
+    n = min(len(run_loss), len(ref_loss))
+    diffs = [abs(a - b) for a, b in zip(run_loss[:n], ref_loss[:n], strict=True)]
+    result: dict[str, Any] = {
+        "loss_max_diff": _round(max(diffs) if diffs else None, 6),
+        "loss_mean_diff": _round(sum(diffs) / n if n else None, 6),
+        "loss_auc": _round(_auc(run_loss), 4),
+        "loss_auc_reference": _round(_auc(ref_loss), 4),
+        "loss_auc_delta": _round(_auc(run_loss) - _auc(ref_loss), 6),
+        "param_l2": None,
+    }
+    if run_params.exists() and ref_params.exists():
+        a = torch.load(run_params, weights_only=True)
+        b = torch.load(ref_params, weights_only=True)
+        total = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a if k in b)
+        result["param_l2"] = _round(math.sqrt(total), 8)
+    return result
+
+
+def _auc(curve: list[float]) -> float:
+    return sum((curve[i] + curve[i + 1]) / 2 for i in range(len(curve) - 1)) if len(curve) > 1 else 0.0
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def load_records(directory: Path) -> list[dict[str, Any]]:
+    return read_ledgers(directory)

@@ -1,0 +1,113 @@
+"""report.json, report.md and plots of a finished run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from chaos.metrics import divergence, effective_steps, fault_timings, goodput, load_records, loss_curve, read_logs
+from chaos.scenario import Scenario, parse
+from chaos.verify import verify_ledger
+from training.data import make_dataset
+from training.sampler import ResumableGlobalBatchSampler
+
+
+def scenario_of(run_dir: Path) -> Scenario:
+    path = run_dir / "scenario.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a chaos run directory (no scenario.toml); "
+                                f"create one with `chaos run SCENARIO --out {run_dir}`")
+    return parse(path.read_text(), str(path))
+
+
+def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str, Any],
+                 completed: bool = True, error: str | None = None) -> dict[str, Any]:
+    job = scenario.job
+    records = load_records(run_dir / "logs")
+    ref_records = load_records(ref_dir / "logs")
+    sampler = ResumableGlobalBatchSampler(len(make_dataset(job.dataset, job.seed)), job.global_batch, job.seed)
+    verdict = verify_ledger(records, sampler, job.steps, ref.get("final_digest"), ref.get("world_size"))
+    faults_path = run_dir / "faults.jsonl"
+    faults = [json.loads(line) for line in faults_path.read_text().splitlines()] if faults_path.exists() else []
+    problems = list(verdict.problems)
+    if error:
+        problems.insert(0, error)
+    for planned in scenario.faults:
+        if not any(f["kind"] == planned.kind and f["step"] == planned.step for f in faults):
+            problems.append(f"planned fault {planned.kind} at step {planned.step} (slot {planned.slot}) never fired")
+    launches = read_logs(run_dir / "logs", ("child_started", "in_process_restart"))
+    restarts = sum(1 for e in launches if e["event"] == "child_started" and e.get("restarts", 0) > 0)
+    in_process = sum(1 for e in launches if e["event"] == "in_process_restart")
+    checkpoints = [r for r in records if r["kind"] == "checkpoint"]
+    steps_per_s = goodput(records, job.steps)
+    generations = sorted({r["generation"] for r in records if r["kind"] in ("step", "generation")})
+    passed = completed and not problems and verdict.bit_identical is not False
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "verdict": "pass" if passed else "fail",
+        "steps": job.steps,
+        "world_size": job.nproc,
+        "world_sizes": verdict.world_sizes,
+        "correctness": {"duplicates": verdict.duplicates, "missing": verdict.missing, "extra": verdict.extra,
+                        "epochs_checked": verdict.epochs_checked, "bit_identical": verdict.bit_identical,
+                        "committed_steps": verdict.committed},
+        "goodput": {"steps_per_s": round(steps_per_s, 3), "reference_steps_per_s": round(ref["steps_per_s"], 3),
+                    "ratio": round(steps_per_s / ref["steps_per_s"], 4) if ref["steps_per_s"] else None},
+        "restarts": restarts,
+        "in_process_restarts": in_process,
+        "generations": len(generations),
+        "replayed_steps": verdict.replayed_steps,
+        "faults": fault_timings(faults, records, run_dir / "logs", job.nproc),
+        "checkpoint": {"strategy": job.ckpt_strategy, "saves": len(checkpoints),
+                       "stall_s_total": round(sum(c["stall_s"] for c in checkpoints), 4)},
+        "divergence": divergence(loss_curve(records), loss_curve(ref_records), run_dir / "logs" / "final_params.pt",
+                                 ref_dir / "logs" / "final_params.pt"),
+        "problems": problems,
+    }
+
+
+def write_report(run_dir: Path, report: dict[str, Any], ref_dir: Path) -> None:
+    (run_dir / "report.json").write_text(json.dumps(report, indent=1))
+    (run_dir / "report.md").write_text(markdown(report))
+    from chaos.plots import plot_run
+
+    plot_run(run_dir, ref_dir, report)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    c, g = report["correctness"], report["goodput"]
+    lines = [
+        f"# chaos run: {report['scenario']} — **{report['verdict'].upper()}**", "",
+        report["description"], "",
+        "| check | value |", "|---|---|",
+        f"| steps committed | {c['committed_steps']} / {report['steps']} |",
+        f"| duplicates / missing / extra | {c['duplicates']} / {c['missing']} / {c['extra']} |",
+        f"| epochs checked | {c['epochs_checked']} |",
+        f"| bit-identical to the reference | {c['bit_identical']} |",
+        f"| world sizes | {report['world_sizes']} |",
+        f"| goodput | {g['steps_per_s']} steps/s (reference {g['reference_steps_per_s']}, ratio {g['ratio']}) |",
+        f"| process restarts / in-process restarts | {report['restarts']} / {report['in_process_restarts']} |",
+        f"| generations | {report['generations']} |",
+        f"| replayed steps | {report['replayed_steps']} |",
+        f"| checkpoints ({report['checkpoint']['strategy']}) | {report['checkpoint']['saves']} saves, "
+        f"{report['checkpoint']['stall_s_total']} s stall |",
+        "", "## Faults", "",
+        "| kind | slot | step | detect (s) | recover (s) | full size (s) |", "|---|---|---|---|---|---|",
+    ]
+    for f in report["faults"]:
+        lines.append(f"| {f['kind']} | {f['slot']} | {f['step']} | {f['detect_s']} | {f['recover_s']} | "
+                     f"{f['full_recover_s']} |")
+    d = report["divergence"]
+    lines += ["", "## Divergence from the reference", "",
+              f"parameter L2 {d['param_l2']}, loss max diff {d['loss_max_diff']}, mean diff {d['loss_mean_diff']}, "
+              f"loss AUC {d['loss_auc']} vs {d['loss_auc_reference']} (delta {d['loss_auc_delta']})", "",
+              "![loss](loss.png) ![timeline](timeline.png) ![goodput](goodput.png)", ""]
+    if report["problems"]:
+        lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
+    return "\n".join(lines)
+
+
+def effective_generations(run_dir: Path) -> dict[int, int]:
+    return {s: recs[0]["generation"] for s, recs in effective_steps(load_records(run_dir / "logs")).items()}
