@@ -62,8 +62,11 @@ def verify_ledger(records: list[dict[str, Any]], sampler: ResumableGlobalBatchSa
     if extra_steps:
         verdict.problems.append(f"steps beyond the run were committed: {extra_steps[:5]}")
     verdict.world_sizes = sorted(set(sizes))
-    for epoch, ids in sorted(trained_by_epoch.items()):
-        _count_epoch(verdict, epoch, ids, sampler)
+    owed_steps: dict[int, int] = defaultdict(int)
+    for step in range(steps):
+        owed_steps[sampler.state(step).epoch] += 1
+    for epoch, count in sorted(owed_steps.items()):
+        _count_epoch(verdict, epoch, trained_by_epoch.get(epoch, []), count, sampler)
     _check_final(verdict, records, reference_digest, reference_world_size, sizes[-1] if sizes else None)
     return verdict
 
@@ -96,18 +99,17 @@ def _check_step(step: int, records: list[dict[str, Any]], sampler: ResumableGlob
     return problems
 
 
-def _count_epoch(verdict: Verdict, epoch: int, ids: list[int], sampler: ResumableGlobalBatchSampler) -> None:
-    steps_in_epoch = len(ids) // sampler.global_batch
-    expected = set(sampler.permutation(epoch)[: sampler.steps_per_epoch * sampler.global_batch].tolist())
+def _count_epoch(verdict: Verdict, epoch: int, ids: list[int], owed_steps: int,
+                 sampler: ResumableGlobalBatchSampler) -> None:
+    """Compare what an epoch trained with what it owed (all of it, or the steps the run reached)."""
+    everything = sampler.permutation(epoch)[: sampler.steps_per_epoch * sampler.global_batch].tolist()
+    owed = set(everything[: owed_steps * sampler.global_batch])
     counts = Counter(ids)
     duplicates = sum(c - 1 for c in counts.values() if c > 1)
-    extra = sum(1 for i in counts if i not in expected)
-    if steps_in_epoch >= sampler.steps_per_epoch:
-        missing = len(expected - set(counts))
+    extra = sum(1 for i in counts if i not in owed)
+    missing = len(owed - set(counts))
+    if owed_steps == sampler.steps_per_epoch:
         verdict.epochs_checked += 1
-    else:  # the run ended inside this epoch: only the steps it reached are owed
-        owed = set(sampler.permutation(epoch)[: steps_in_epoch * sampler.global_batch].tolist())
-        missing = len(owed - set(counts))
     verdict.duplicates += duplicates
     verdict.missing += missing
     verdict.extra += extra

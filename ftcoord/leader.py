@@ -210,7 +210,10 @@ class LeaderDuty:
 
         generation = current + 1
         if self._is_open(current, record):
-            if self._maybe_decide(generation, facts, read_at):
+            running = record is not None and record.failed is None and any(
+                m in facts and self._alive(facts[m], i)
+                for m, i in zip(record.members, record.incarnations, strict=True))
+            if self._maybe_decide(generation, facts, read_at, running):
                 return  # decided: look again at once
         joined = read_int(self._store, keys.join_count(generation))
         # Sleep until the next joiner arrives or a tick passes, whichever is first.
@@ -268,7 +271,7 @@ class LeaderDuty:
             return True
         return self._store.check([keys.interrupt(current)])
 
-    def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float) -> bool:
+    def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool) -> bool:
         joins = read_joins(self._store, generation)
         live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
                 and self._alive(facts[j.slot])]
@@ -284,8 +287,10 @@ class LeaderDuty:
             # starting, rather than shrink now and grow back a moment later. At target
             # (a hot spare stepped in) there is nothing to wait for.
             expected |= {s for s, f in facts.items() if f.being_replaced}
+        # A job starting (or restarting as a whole: no member of the last generation is
+        # alive) waits for its target size; a running job re-forms with whoever is alive.
         everyone = expected <= joined_slots and (
-            generation > 1 or len(live) >= self._policy.target_world_size
+            running or len(live) >= self._policy.target_world_size
         )
         last_call = now - clock.last_change >= self._timing.join_timeout
         if not (everyone or last_call):

@@ -112,7 +112,7 @@ def main() -> None:
         try:
             os.write(ready_fd, b"ready\n")
         except BrokenPipeError:
-            sys.exit(0)  # the launcher finished while we were warming up
+            pass  # the launcher stopped listening (it assigned us already, or let us go: see stdin)
         os.close(ready_fd)
     line = sys.stdin.readline()
     if not line.strip():

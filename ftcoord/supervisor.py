@@ -121,9 +121,11 @@ class Supervisor:
             values[env.LOG_DIR_ENV] = self.config.log_dir
         return values
 
-    def _start(self, slot: SlotProcess) -> None:
+    def _start(self, slot: SlotProcess, replacement: bool = True) -> None:
         slot.incarnation = read_int(self.store, keys.incarnation(slot.slot)) + 1
-        standby = self._take_ready_standby()
+        for key in (keys.fence, keys.atomic):  # exist before the child does: _fence never blocks
+            self.store.compare_set(key(slot.slot), "", "0")
+        standby = self._take_ready_standby() if replacement else None
         if standby is not None:
             assert standby.process.stdin is not None
             standby.process.stdin.write((json.dumps({"env": self._child_env(slot)}) + "\n").encode())
@@ -160,13 +162,19 @@ class Supervisor:
             self._spawn_standby()
 
     def _take_ready_standby(self) -> Standby | None:
+        """A ready standby, else the one furthest into its warm-up.
+
+        A standby still importing is always closer to running than a new interpreter: it
+        reads its slot assignment as soon as its warm-up is done.
+        """
         self._refresh_standbys()
-        for standby in self.standbys:
-            if standby.ready:
-                self.standbys.remove(standby)
-                os.close(standby.ready_fd)
-                return standby
-        return None
+        alive = [s for s in self.standbys if s.process.poll() is None]
+        if not alive:
+            return None
+        standby = next((s for s in alive if s.ready), alive[0])  # alive[0] started first
+        self.standbys.remove(standby)
+        os.close(standby.ready_fd)
+        return standby
 
     def _release_standbys(self) -> None:
         for standby in self.standbys:
@@ -185,7 +193,7 @@ class Supervisor:
     def run(self) -> int:
         for local_rank, slot in enumerate(self.config.slots):
             self.slots[slot] = SlotProcess(slot, local_rank)
-            self._start(self.slots[slot])
+            self._start(self.slots[slot], replacement=False)
         self._refresh_standbys()
         while True:
             now = time.monotonic()
@@ -266,7 +274,7 @@ class Supervisor:
         self._log.warning("job_restart", job_restarts=self.job_restarts)
         for slot in self.slots.values():
             slot.finished = False
-            self._start(slot)
+            self._start(slot, replacement=False)
         return None
 
     def _kill_all(self) -> None:

@@ -1,0 +1,62 @@
+"""Scenario files: every bundled one is valid; bad ones get errors naming key and value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from chaos.scenario import ScenarioError, bundled_names, load, parse
+
+GOOD_JOB = "[job]\nnproc = 2\nsteps = 50\nglobal_batch = 8\n"
+
+
+def test_every_bundled_scenario_loads_with_a_description() -> None:
+    names = bundled_names()
+    for required in ("kill-boundary", "kill-midstep", "kill-leader", "hang", "preempt", "ckpt-crash",
+                     "early-restart", "elastic", "spare", "random", "demo"):
+        assert required in names
+    for name in names:
+        scenario = load(name)
+        assert scenario.description and scenario.faults, name
+
+
+def test_random_faults_are_reproducible_from_the_seed() -> None:
+    assert load("random").faults == load("random").faults
+    text = load("random").path
+    other = parse(open(text).read().replace("seed = 7", "seed = 8"), "x")
+    assert other.faults != load("random").faults
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "explode"\nstep = 3\n',
+         "unknown fault kind 'explode'; allowed: "),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "kill"\nstep = 50\n',
+         r"step = 50 is beyond the run \(steps 0..49\)"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "kill"\nslot = 2\nstep = 1\n',
+         r"slot = 2 is beyond the job \(slots 0..1\)"),
+        ('name = "x"\ndescription = "d"\n[job]\nnproc = 3\nglobal_batch = 8\n',
+         "global_batch = 8 is not divisible by nproc = 3"),
+        ('name = "x"\ndescription = "d"\n[job]\nnprocs = 3\n', r"unknown key\(s\) \['nprocs'\]"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "hang"\nstep = 1\n',
+         "a hang needs duration > 0"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "lose"\nslot = 1\nstep = 1\n',
+         "declare \\[job\\] nodes"),
+        ('name = "x"\n' + GOOD_JOB, "'description' must be a non-empty string"),
+        ('name = "x\n', "not valid TOML"),
+        ('name = "x"\ndescription = "d"\n[job]\nmodel = "gpt"\n', "model = 'gpt': choose one of"),
+    ],
+)
+def test_bad_scenarios_are_refused_naming_the_key(text: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse(text, "bad.toml")
+
+
+def test_cli_unknown_scenario_is_a_clear_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "chaos", "run", "no-such-scenario"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert "no scenario 'no-such-scenario'" in result.stderr and "kill-boundary" in result.stderr
