@@ -12,7 +12,7 @@ MODELS = ("mlp", "resnet18", "big-mlp")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int) -> nn.Module:
-    """mlp (small, for tests), resnet18 (torchvision, 32x32 images), big-mlp (~100M params)."""
+    """mlp (small, for tests), resnet18 (torchvision, 32x32 images), big-mlp (~101M params)."""
     torch.manual_seed(seed)
     features = 1
     for dim in input_shape:
@@ -23,7 +23,7 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
     if name == "big-mlp":
         width = 4096
         layers: list[nn.Module] = [nn.Flatten(), nn.Linear(features, width), nn.ReLU()]
-        for _ in range(5):
+        for _ in range(6):
             layers += [nn.Linear(width, width), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(width, classes))
     if name == "resnet18":

@@ -1,0 +1,359 @@
+"""`chaos bench`: overhead, coordination latency, detection, recovery, checkpoint stall, goodput.
+
+Every figure is paired with its baseline in the same run (alternating repetitions) and
+reported as median and min-max. Defaults are the ones a user gets (Timing(), the
+launcher's); nothing is tuned for the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chaos.metrics import fault_timings, goodput, load_records
+from chaos.run import ChaosRunner
+from chaos.scenario import Fault, JobSpec, Scenario
+from ftcoord import StoreServer, Timing, connect, job_store
+from ftcoord import keys as ftkeys
+
+DEFAULT = Timing()
+
+
+def summary(samples: list[float], digits: int = 4) -> dict[str, Any]:
+    return {"median": round(statistics.median(samples), digits), "min": round(min(samples), digits),
+            "max": round(max(samples), digits), "samples": [round(s, digits) for s in samples]}
+
+
+def machine() -> dict[str, Any]:
+    return {"cores": os.cpu_count(), "torch": torch.__version__, "backend": "gloo (CPU)",
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+            "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+# -- overhead ----------------------------------------------------------------------------
+
+def bench_overhead(store: str, out: Path, reps: int, steps: int) -> dict[str, Any]:
+    ratios, bare_ms, wrapped_ms = [], [], []
+    for rep in range(reps):
+        order = ("bare", "wrapped") if rep % 2 == 0 else ("wrapped", "bare")
+        measured = {}
+        for mode in order:
+            job = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
+            files = [out / f"overhead-{job}-{r}.json" for r in range(2)]
+            procs = [subprocess.Popen([sys.executable, "-m", "chaos.bench_workers", "steps", "--mode", mode,
+                                       "--rank", str(r), "--store", store, "--job", job, "--out", str(files[r]),
+                                       "--steps", str(steps)], env=_env(), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL) for r in range(2)]
+            for p in procs:
+                p.wait(600)
+            times = json.loads(files[0].read_text())["times"][steps // 5:]  # skip the warm-up
+            measured[mode] = statistics.median(times)
+        bare_ms.append(measured["bare"] * 1000)
+        wrapped_ms.append(measured["wrapped"] * 1000)
+        ratios.append(measured["wrapped"] / measured["bare"])
+    return {"ratio": summary(ratios), "bare_step_ms": summary(bare_ms, 3), "wrapped_step_ms": summary(wrapped_ms, 3)}
+
+
+# -- generation advance -------------------------------------------------------------------
+
+def _advance_thread(store: str, job: str, slot: int, world: int, rounds: int, arrivals: list) -> None:
+    from ftcoord import JobFinished, Participant, QuorumPolicy
+
+    participant = Participant(store, job, slot, QuorumPolicy(world)).start()
+    try:
+        while len(arrivals) <= rounds:
+            try:
+                record = participant.join(0)
+            except JobFinished:
+                break
+            arrivals.append({"generation": record.generation, "mono": time.monotonic()})
+            participant.monitor.wait(60)
+    finally:
+        participant.close()
+
+
+def bench_advance(store: str, out: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
+    results = {}
+    client = connect(store)
+    for n in sizes:
+        job = f"bench-advance-{n}-{uuid.uuid4().hex[:6]}"
+        js = job_store(client, job)
+        arrivals: dict[int, list[dict[str, Any]]] = {}
+        procs, threads = [], []
+        for slot in range(n):
+            if n <= 8:  # processes, as in a real job
+                path = out / f"advance-{job}-{slot}.json"
+                procs.append((path, subprocess.Popen(
+                    [sys.executable, "-m", "chaos.bench_workers", "advance", "--slot", str(slot), "--world", str(n),
+                     "--store", store, "--job", job, "--rounds", str(rounds), "--out", str(path)],
+                    env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+            else:  # threads with their own store clients
+                arrivals[slot] = []
+                t = threading.Thread(target=_advance_thread, args=(store, job, slot, n, rounds, arrivals[slot]),
+                                     daemon=True)
+                t.start()
+                threads.append(t)
+        _wait_for(lambda js=js: js.check([ftkeys.record(1)]), 300, f"{n} processes to form generation 1")
+        time.sleep(1.0)  # let every member settle into the generation (not a measurement)
+        started: dict[int, float] = {}
+        for g in range(1, rounds + 1):
+            started[g + 1] = time.monotonic()
+            js.compare_set(ftkeys.interrupt(g), "", "bench")
+            _wait_for(lambda g=g, js=js: js.check([ftkeys.record(g + 1)]), 60, f"generation {g + 1}")
+            time.sleep(0.3)  # every member receives it before the next round (not measured)
+        for path, proc in procs:
+            proc.wait(120)
+            arrivals[len(arrivals)] = json.loads(path.read_text())
+        for t in threads:
+            t.join(60)
+        latencies = []
+        for g, t0 in started.items():
+            last = [a["mono"] for per in arrivals.values() for a in per if a["generation"] == g]
+            if len(last) == n:
+                latencies.append((max(last) - t0) * 1000)
+        results[str(n)] = summary(latencies, 2) if latencies else None
+    return results
+
+
+def _wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"benchmark: timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+# -- faults through the chaos runner ----------------------------------------------------------
+
+def _job(**overrides: Any) -> JobSpec:
+    """A job with the defaults a user gets (Timing(), launcher defaults)."""
+    base = JobSpec(nproc=2, steps=300, global_batch=32, dataset="synthetic:2048", step_time=0.02,
+                   ckpt_strategy="blocking", ckpt_every=10, heartbeat_interval=DEFAULT.heartbeat_interval,
+                   heartbeat_timeout=DEFAULT.heartbeat_timeout, join_timeout=DEFAULT.join_timeout)
+    return replace(base, **overrides)
+
+
+def _fault_run(out: Path, name: str, job: JobSpec, faults: tuple[Fault, ...]) -> dict[str, Any]:
+    run_dir = out / "runs" / f"{name}-{uuid.uuid4().hex[:6]}"
+    result = ChaosRunner(Scenario(name, name, job, faults), run_dir, quiet=True).run()
+    if not result.completed:
+        raise RuntimeError(f"benchmark run {name} failed: {result.error}")
+    events = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]
+    timings = fault_timings(events, load_records(run_dir / "logs"), run_dir / "logs", job.nproc)
+    return timings[0] if timings else {}
+
+
+def bench_detect(out: Path, reps: int) -> dict[str, Any]:
+    job = _job(steps=260, ckpt_strategy="none")
+    kill, hang = [], []
+    for _ in range(reps):
+        kill.append(_fault_run(out, "detect-kill", job, (Fault("kill", 1, 80),))["detect_s"])
+        hang.append(_fault_run(out, "detect-hang", job, (Fault("hang", 1, 80, duration=DEFAULT.heartbeat_timeout
+                                                               + 5),))["detect_s"])
+    return {"kill": summary(kill), "hang": summary(hang)}
+
+
+def bench_recovery(out: Path, reps: int) -> dict[str, Any]:
+    slot_recover, slot_full, job_recover = [], [], []
+    for rep in range(reps):
+        for policy in (("slot", "job") if rep % 2 == 0 else ("job", "slot")):
+            t = _fault_run(out, f"recovery-{policy}", _job(restart_policy=policy), (Fault("kill", 1, 100),))
+            if policy == "slot":
+                slot_recover.append(t["recover_s"])
+                slot_full.append(t["full_recover_s"])
+            else:
+                job_recover.append(t["recover_s"])
+    return {"slot": summary(slot_recover), "slot_full": summary(slot_full), "job": summary(job_recover)}
+
+
+def bench_goodput(out: Path, steps: int, kills: tuple[int, int]) -> dict[str, Any]:
+    """The ECRL report's Exp1 shape: 2 ranks, ~100 ms steps, two SIGKILLs, vs fault-free."""
+    job = _job(steps=steps, step_time=0.1, ckpt_every=100, dataset="synthetic:4096")
+    scenario = Scenario("goodput", "ECRL Exp1 shape", job, tuple(Fault("kill", 1, s) for s in kills))
+    rates = {}
+    for label, with_faults in (("reference", False), ("faults", True)):
+        run_dir = out / "runs" / f"goodput-{label}-{uuid.uuid4().hex[:6]}"
+        result = ChaosRunner(scenario, run_dir, with_faults=with_faults, quiet=True).run()
+        if not result.completed:
+            raise RuntimeError(f"goodput {label} run failed: {result.error}")
+        rates[label] = goodput(load_records(run_dir / "logs"), steps)
+    return {"steps": steps, "kills_at": list(kills), "reference_steps_per_s": round(rates["reference"], 3),
+            "faults_steps_per_s": round(rates["faults"], 3), "ratio": round(rates["faults"] / rates["reference"], 4)}
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+def bench_checkpoint(out: Path, reps: int) -> dict[str, Any]:
+    from training.checkpoint.base import load_latest, make_strategy
+    from training.config import TrainConfig
+    from training.models import build_model, parameter_count
+    from training.sampler import ResumableGlobalBatchSampler
+    from training.state import TrainState, build_optimizer, build_scheduler
+
+    config = TrainConfig(model="big-mlp", optimizer="adam", ckpt_strategy="none")
+    model = build_model("big-mlp", (32,), 10, 0)
+    optimizer = build_optimizer(config, model)
+    model(torch.randn(2, 32)).sum().backward()
+    optimizer.step()  # Adam state exists: ~3x the parameters
+    state = TrainState(model, optimizer, build_scheduler(config, optimizer),
+                       ResumableGlobalBatchSampler(1024, 32, 0), step=1, has_state=True)
+    results: dict[str, Any] = {"parameters": parameter_count(model)}
+    job = f"bench-ckpt-{uuid.uuid4().hex[:6]}"
+    for name in ("blocking", "overlapped", "flash"):
+        root = out / "ckpt-bench" / name
+        strategy = make_strategy(name, root, config_hash="bench", keep=1, job_id=job)
+        assert strategy is not None
+        stalls, sizes = [], []
+        for rep in range(reps + 1):
+            state.step = rep + 1
+            stats = strategy.save(state, world_size=1)
+            strategy.flush()  # measure each save on its own, not queued behind the last
+            if rep:  # the first save sets up buffers and processes: not steady state
+                stalls.append(stats.stall_s)
+                sizes.append(stats.bytes)
+        gib = statistics.median(sizes) / 2**30
+        results[name] = {"stall_s": round(statistics.median(stalls), 4), "stall_s_range": [round(min(stalls), 4),
+                         round(max(stalls), 4)], "state_gib": round(gib, 3),
+                         "stall_s_per_gib": round(statistics.median(stalls) / gib, 4)}
+        if name == "flash":
+            flash_loads = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                loaded = strategy.load()
+                flash_loads.append(time.perf_counter() - t)
+                assert loaded is not None and loaded.source.startswith("flash:")
+                del loaded
+            results["restore_flash_s"] = summary(flash_loads)
+            strategy.close(finished=True)
+        else:
+            strategy.close()
+    disk_loads = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        loaded = load_latest(out / "ckpt-bench" / "blocking", "bench")
+        disk_loads.append(time.perf_counter() - t)
+        del loaded
+    results["restore_disk_s"] = summary(disk_loads)
+    return results
+
+
+# -- the command --------------------------------------------------------------------------------
+
+def run_bench(out: Path, quick: bool = False) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    reps = 3 if quick else 5
+    started = time.monotonic()
+    report: dict[str, Any] = {"machine": machine(), "quick": quick, "defaults": DEFAULT.__dict__, "details": {}}
+    server = StoreServer("127.0.0.1", 0)
+    try:
+        print("measuring: overhead (wrapped vs bare DDP) ...", file=sys.stderr, flush=True)
+        overhead = bench_overhead(server.address, out, reps, 150 if quick else 300)
+        report["overhead_ratio"] = overhead["ratio"]["median"]
+        report["details"]["overhead"] = overhead
+        print("measuring: generation advance ...", file=sys.stderr, flush=True)
+        advance = bench_advance(server.address, out, [2, 4, 8, 32, 64], 5 if quick else 10)
+        report["advance_ms"] = {n: (v["median"] if v else None) for n, v in advance.items()}
+        report["details"]["advance_ms"] = advance
+    finally:
+        server.close()
+    print("measuring: detection (SIGKILL, SIGSTOP) ...", file=sys.stderr, flush=True)
+    detect = bench_detect(out, 1 if quick else 3)
+    report["detect_s"] = {k: v["median"] for k, v in detect.items()}
+    report["heartbeat_timeout_s"] = DEFAULT.heartbeat_timeout
+    report["details"]["detect_s"] = detect
+    print("measuring: recovery (slot policy vs whole-job restart) ...", file=sys.stderr, flush=True)
+    recovery = bench_recovery(out, 1 if quick else 3)
+    report["recovery_s"] = recovery["slot"]["median"]
+    report["full_recovery_s"] = recovery["slot_full"]["median"]
+    report["recovery_baseline_s"] = recovery["job"]["median"]
+    report["recovery_ratio"] = round(recovery["slot"]["median"] / recovery["job"]["median"], 4)
+    report["full_recovery_ratio"] = round(recovery["slot_full"]["median"] / recovery["job"]["median"], 4)
+    report["details"]["recovery"] = recovery
+    print("measuring: checkpoint stall (>=100M parameters + Adam) ...", file=sys.stderr, flush=True)
+    ckpt = bench_checkpoint(out, 2 if quick else 3)
+    report["ckpt"] = {k: {"stall_s": ckpt[k]["stall_s"], "state_gib": ckpt[k]["state_gib"]}
+                      for k in ("blocking", "overlapped", "flash")}
+    report["ckpt_stall_ratio"] = round(ckpt["flash"]["stall_s"] / ckpt["blocking"]["stall_s"], 4)
+    report["restore_ratio"] = round(ckpt["restore_flash_s"]["median"] / ckpt["restore_disk_s"]["median"], 4)
+    report["details"]["ckpt"] = ckpt
+    print("measuring: goodput under faults (ECRL Exp1 shape) ...", file=sys.stderr, flush=True)
+    steps, kills = (300, (60, 180)) if quick else (1000, (200, 600))
+    good = bench_goodput(out, steps, kills)
+    report["goodput_ratio"] = good["ratio"]
+    report["details"]["goodput"] = good
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    print_table(report)
+    print(f"\nwrote {out / 'bench.json'}")
+    return 0
+
+
+TARGETS = {
+    "overhead_ratio": ("<= 1.02", lambda v: v <= 1.02),
+    "advance_ms@8": ("<= 20 ms", lambda v: v is not None and v <= 20),
+    "advance_ms@64": ("<= 100 ms", lambda v: v is not None and v <= 100),
+    "detect_s.kill": ("well under the heartbeat timeout",
+                      lambda v: v is not None and v < DEFAULT.heartbeat_timeout / 5),
+    "detect_s.hang": ("<= timeout + one interval", lambda v: v is not None and v <= DEFAULT.heartbeat_timeout
+                      + DEFAULT.heartbeat_interval),
+    "recovery_ratio": ("<= 0.2", lambda v: v <= 0.2),
+    "full_recovery_ratio": ("<= 0.2", lambda v: v <= 0.2),
+    "flash stall s/GiB": ("<= 0.2", lambda v: v <= 0.2),
+    "ckpt_stall_ratio": ("<= 0.2", lambda v: v <= 0.2),
+    "restore_ratio": ("<= 0.33", lambda v: v <= 0.33),
+    "goodput_ratio": (">= 0.97", lambda v: v >= 0.97),
+}
+
+
+def rows(report: dict[str, Any]) -> list[tuple[str, Any, str, bool]]:
+    flash = report["details"]["ckpt"]["flash"]
+    values = {
+        "overhead_ratio": report["overhead_ratio"],
+        "advance_ms@8": report["advance_ms"].get("8"),
+        "advance_ms@64": report["advance_ms"].get("64"),
+        "detect_s.kill": report["detect_s"]["kill"],
+        "detect_s.hang": report["detect_s"]["hang"],
+        "recovery_ratio": report["recovery_ratio"],
+        "full_recovery_ratio": report["full_recovery_ratio"],
+        "flash stall s/GiB": flash["stall_s_per_gib"],
+        "ckpt_stall_ratio": report["ckpt_stall_ratio"],
+        "restore_ratio": report["restore_ratio"],
+        "goodput_ratio": report["goodput_ratio"],
+    }
+    return [(k, v, TARGETS[k][0], bool(TARGETS[k][1](v))) for k, v in values.items()]
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = report["machine"]
+    table = Table(title=f"chaos bench ({'quick' if report['quick'] else 'full'}) — {m['cores']} cores, torch "
+                        f"{m['torch']}, {m['backend']}", title_justify="left")
+    for column in ("measure", "value", "target", "met"):
+        table.add_column(column)
+    for name, value, target, met in rows(report):
+        table.add_row(name, str(value), target, "yes" if met else "[red]no[/]")
+    Console().print(table)
+    a, d = report["advance_ms"], report["details"]
+    Console().print(f"advance ms by size: {a}; recovery {report['recovery_s']} s (full size "
+                    f"{report['full_recovery_s']} s) vs whole-job restart {report['recovery_baseline_s']} s; "
+                    f"step {d['overhead']['bare_step_ms']['median']} ms bare vs "
+                    f"{d['overhead']['wrapped_step_ms']['median']} ms wrapped; "
+                    f"checkpoint stall {report['ckpt']}")
