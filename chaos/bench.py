@@ -67,7 +67,10 @@ def bench_overhead(store: str, out: Path, reps: int, steps: int) -> dict[str, An
         bare_ms.append(measured["bare"] * 1000)
         wrapped_ms.append(measured["wrapped"] * 1000)
         ratios.append(measured["wrapped"] / measured["bare"])
-    return {"ratio": summary(ratios), "bare_step_ms": summary(bare_ms, 3), "wrapped_step_ms": summary(wrapped_ms, 3)}
+    # Per-repetition ratios swing by several % on 2 shared cores; the ratio of the medians
+    # over all repetitions is the steadier estimate (both are reported).
+    return {"ratio_of_medians": round(statistics.median(wrapped_ms) / statistics.median(bare_ms), 4),
+            "ratio": summary(ratios), "bare_step_ms": summary(bare_ms, 3), "wrapped_step_ms": summary(wrapped_ms, 3)}
 
 
 # -- generation advance -------------------------------------------------------------------
@@ -159,21 +162,23 @@ def _fault_run(out: Path, name: str, job: JobSpec, faults: tuple[Fault, ...]) ->
     return timings[0] if timings else {}
 
 
-def bench_detect(out: Path, reps: int) -> dict[str, Any]:
-    job = _job(steps=260, ckpt_strategy="none")
+def bench_detect(out: Path, reps: int, steps: int) -> dict[str, Any]:
+    job = _job(steps=steps, ckpt_strategy="none")
     kill, hang = [], []
+    at = steps // 3
     for _ in range(reps):
-        kill.append(_fault_run(out, "detect-kill", job, (Fault("kill", 1, 80),))["detect_s"])
-        hang.append(_fault_run(out, "detect-hang", job, (Fault("hang", 1, 80, duration=DEFAULT.heartbeat_timeout
+        kill.append(_fault_run(out, "detect-kill", job, (Fault("kill", 1, at),))["detect_s"])
+        hang.append(_fault_run(out, "detect-hang", job, (Fault("hang", 1, at, duration=DEFAULT.heartbeat_timeout
                                                                + 5),))["detect_s"])
     return {"kill": summary(kill), "hang": summary(hang)}
 
 
-def bench_recovery(out: Path, reps: int) -> dict[str, Any]:
+def bench_recovery(out: Path, reps: int, steps: int) -> dict[str, Any]:
     slot_recover, slot_full, job_recover = [], [], []
     for rep in range(reps):
         for policy in (("slot", "job") if rep % 2 == 0 else ("job", "slot")):
-            t = _fault_run(out, f"recovery-{policy}", _job(restart_policy=policy), (Fault("kill", 1, 100),))
+            t = _fault_run(out, f"recovery-{policy}", _job(restart_policy=policy, steps=steps),
+                           (Fault("kill", 1, steps // 3),))
             if policy == "slot":
                 slot_recover.append(t["recover_s"])
                 slot_full.append(t["full_recover_s"])
@@ -264,21 +269,21 @@ def run_bench(out: Path, quick: bool = False) -> int:
     try:
         print("measuring: overhead (wrapped vs bare DDP) ...", file=sys.stderr, flush=True)
         overhead = bench_overhead(server.address, out, reps, 150 if quick else 300)
-        report["overhead_ratio"] = overhead["ratio"]["median"]
+        report["overhead_ratio"] = overhead["ratio_of_medians"]
         report["details"]["overhead"] = overhead
         print("measuring: generation advance ...", file=sys.stderr, flush=True)
-        advance = bench_advance(server.address, out, [2, 4, 8, 32, 64], 5 if quick else 10)
+        advance = bench_advance(server.address, out, [2, 4, 8, 32, 64], 4 if quick else 10)
         report["advance_ms"] = {n: (v["median"] if v else None) for n, v in advance.items()}
         report["details"]["advance_ms"] = advance
     finally:
         server.close()
     print("measuring: detection (SIGKILL, SIGSTOP) ...", file=sys.stderr, flush=True)
-    detect = bench_detect(out, 1 if quick else 3)
+    detect = bench_detect(out, 1 if quick else 3, 150 if quick else 300)
     report["detect_s"] = {k: v["median"] for k, v in detect.items()}
     report["heartbeat_timeout_s"] = DEFAULT.heartbeat_timeout
     report["details"]["detect_s"] = detect
     print("measuring: recovery (slot policy vs whole-job restart) ...", file=sys.stderr, flush=True)
-    recovery = bench_recovery(out, 1 if quick else 3)
+    recovery = bench_recovery(out, 1 if quick else 3, 150 if quick else 300)
     report["recovery_s"] = recovery["slot"]["median"]
     report["full_recovery_s"] = recovery["slot_full"]["median"]
     report["recovery_baseline_s"] = recovery["job"]["median"]
@@ -293,7 +298,7 @@ def run_bench(out: Path, quick: bool = False) -> int:
     report["restore_ratio"] = round(ckpt["restore_flash_s"]["median"] / ckpt["restore_disk_s"]["median"], 4)
     report["details"]["ckpt"] = ckpt
     print("measuring: goodput under faults (ECRL Exp1 shape) ...", file=sys.stderr, flush=True)
-    steps, kills = (300, (60, 180)) if quick else (1000, (200, 600))
+    steps, kills = (200, (40, 120)) if quick else (1000, (200, 600))
     good = bench_goodput(out, steps, kills)
     report["goodput_ratio"] = good["ratio"]
     report["details"]["goodput"] = good

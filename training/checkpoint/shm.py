@@ -109,9 +109,14 @@ def read_image(directory: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
     meta = torch.load(meta_path, weights_only=True)
     if buffer_path.stat().st_size < meta["total"]:
         return None
-    with open(buffer_path, "rb") as f:
-        data = bytearray(f.read(meta["total"]))
-    flat = torch.frombuffer(data, dtype=torch.uint8) if meta["total"] else torch.empty(0, dtype=torch.uint8)
+    if meta["total"]:
+        # Zero-copy: tensors view a copy-on-write mapping of the image (the restore that
+        # follows copies them into the model once; the image itself is never modified).
+        with open(buffer_path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), meta["total"], access=mmap.ACCESS_COPY)
+        flat = torch.frombuffer(mapping, dtype=torch.uint8)
+    else:
+        flat = torch.empty(0, dtype=torch.uint8)
     tensors = []
     for place in meta["layout"]:
         dtype = getattr(torch, place["dtype"])
