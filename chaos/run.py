@@ -130,6 +130,7 @@ class ChaosRunner:
             launchers.close()
             display.close()
             server.close()
+            _remove_flash_images(job_id)
         tail.poll()
         self._note_in_rank_faults(tail)
         result.wall_s = time.monotonic() - started
@@ -201,6 +202,14 @@ class ChaosRunner:
             if now >= due:
                 _signal(pid, signal.SIGCONT)
                 self._pending_conts.remove((due, pid))
+
+
+def _remove_flash_images(job_id: str) -> None:
+    """Killed ranks leave their flash images in /dev/shm; this run's job id is never reused."""
+    from training.checkpoint.flash import flash_dirs
+
+    for directory in flash_dirs(job_id):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _signal(pid: int | None, signum: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ftcoord.errors import FatalError
-from training.config import STRATEGIES
+from training.config import STRATEGIES, TrainConfig
 from training.models import MODELS
 
 BUNDLED = Path(__file__).parent / "scenarios"
@@ -49,12 +49,12 @@ class JobSpec:
     nodes: tuple[tuple[int, ...], ...] = ()
     """Slots per node (one launcher each); default: one node with every slot."""
     steps: int = 120
-    global_batch: int = 32
-    model: str = "mlp"
+    global_batch: int = TrainConfig.global_batch
+    model: str = TrainConfig.model
     dataset: str = "synthetic:1024"
-    seed: int = 1337
-    lr: float = 0.05
-    optimizer: str = "sgd"
+    seed: int = TrainConfig.seed
+    lr: float = TrainConfig.lr
+    optimizer: str = TrainConfig.optimizer
     step_time: float = 0.0
     ckpt_strategy: str = "blocking"
     ckpt_every: int = 40

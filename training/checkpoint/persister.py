@@ -39,7 +39,7 @@ def main() -> int:
     while True:
         requested = shm.read_marker(directory, shm.REQUEST)
         if requested > shm.read_marker(directory, shm.PERSISTED):
-            image = shm.read_image(directory)
+            image = shm.read_image(directory, copy=False)
             if image is not None and image[0]["seq"] == requested:
                 meta, payload = image
                 atomic.commit(root, meta["step"], serialize(payload), world_size=meta["world_size"],

@@ -99,8 +99,13 @@ def write_image(buffer: SharedBuffer, tensors: list[torch.Tensor], layout: list[
             flat[place["offset"] : place["offset"] + place["nbytes"]].copy_(source)
 
 
-def read_image(directory: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(meta, payload) from a shm directory, or None when there is no complete image."""
+def read_image(directory: Path, copy: bool = True) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(meta, payload) from a shm directory, or None when there is no complete image.
+
+    copy=False returns tensors that view a private mapping of the image: fine for reading
+    it once (the persister), but a later save into the same image would show through the
+    pages not written yet, so anything that keeps the tensors must copy (the default).
+    """
     meta_path, buffer_path = directory / META, directory / BUFFER
     if not meta_path.is_file() or not buffer_path.is_file():
         return None
@@ -121,8 +126,11 @@ def read_image(directory: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
     for place in meta["layout"]:
         dtype = getattr(torch, place["dtype"])
         chunk = flat[place["offset"] : place["offset"] + place["nbytes"]]
-        tensors.append(chunk.view(dtype).reshape(place["shape"]) if place["nbytes"] else
-                       torch.empty(place["shape"], dtype=dtype))
+        if place["nbytes"]:
+            tensor = chunk.view(dtype).reshape(place["shape"])
+        else:
+            tensor = torch.empty(place["shape"], dtype=dtype)
+        tensors.append(tensor.clone() if copy else tensor)
     return meta, unflatten(meta["skeleton"], tensors)
 
 
