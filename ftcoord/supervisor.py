@@ -228,6 +228,10 @@ class Supervisor:
             self._log.info("child_finished", slot=slot.slot, pid=pid)
             return None
         registered = read_int(self.store, keys.incarnation(slot.slot))
+        if self.config.restart_policy == "slot" and slot.restarts < self.config.max_restarts:
+            # Say a replacement is coming *before* the death is known, so the leader waits for
+            # it (up to join_timeout) instead of shrinking the world and growing it back.
+            self.store.set(keys.replacing(slot.slot), str(registered + 1))
         if registered >= slot.incarnation:
             mark_dead(self.store, slot.slot, slot.incarnation)
         self._log.warning("child_exited", slot=slot.slot, pid=pid, code=code, incarnation=slot.incarnation)
@@ -255,9 +259,6 @@ class Supervisor:
         state.attempt_number = slot.restarts - 1
         delay = 0.0 if slot.restarts == 1 else float(self._backoff(state))
         slot.restart_due = time.monotonic() + delay
-        # Tell the leader a replacement is coming, so it waits for it (up to join_timeout)
-        # instead of shrinking the world and growing it back a moment later.
-        self.store.set(keys.replacing(slot.slot), str(registered + 1))
         self._log.info("slot_restart_scheduled", slot=slot.slot, delay_s=delay, restarts=slot.restarts)
         return None
 
