@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ftcoord import log
 
-    log.configure(None, level="warning")
+    log.configure(None, level="error")  # the live display and the report speak for the run
     try:
         if args.command == "list":
             for name in bundled_names():
