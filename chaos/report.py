@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaos.metrics import divergence, effective_steps, fault_timings, goodput, load_records, loss_curve, read_logs
+from chaos.metrics import divergence, fault_timings, goodput, load_records, loss_curve, read_logs
 from chaos.scenario import Scenario, parse
 from chaos.verify import verify_ledger
 from training.data import make_dataset
@@ -107,7 +107,3 @@ def markdown(report: dict[str, Any]) -> str:
     if report["problems"]:
         lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
     return "\n".join(lines)
-
-
-def effective_generations(run_dir: Path) -> dict[int, int]:
-    return {s: recs[0]["generation"] for s, recs in effective_steps(load_records(run_dir / "logs")).items()}

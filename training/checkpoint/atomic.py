@@ -18,7 +18,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 MANIFEST = "manifest.json"
 PAYLOAD = "state.pt"
@@ -174,8 +173,3 @@ def verify(path: Path) -> tuple[Manifest, bytes]:
     if hashlib.sha256(data).hexdigest() != manifest.sha256:
         raise ValueError(f"{payload_path} does not match its sha256 (corrupt)")
     return manifest, data
-
-
-def describe(path: Path) -> dict[str, Any]:
-    """The manifest of a checkpoint as a dict (for reports)."""
-    return Manifest.read(path / MANIFEST).__dict__

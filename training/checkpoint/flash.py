@@ -122,7 +122,8 @@ class FlashCheckpoint(CheckpointStrategy):
     def load(self, warm_start: bool = False) -> Loaded | None:
         """The newest of: a complete flash image on this node, the newest disk checkpoint."""
         started = time.perf_counter()
-        newest_disk = step_dirs(self.root)[0][0] if step_dirs(self.root) else -1
+        on_disk = step_dirs(self.root)
+        newest_disk = on_disk[0][0] if on_disk else -1
         best: tuple[dict, dict, Path] | None = None
         for directory in flash_dirs(self.job_id):
             try:
