@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 
-from chaos.metrics import fault_timings, goodput, load_records
+from chaos.metrics import fault_timings, goodput
 from chaos.run import ChaosRunner
 from chaos.scenario import Fault, JobSpec, Scenario
 from ftcoord import StoreServer, Timing, connect, job_store
 from ftcoord import keys as ftkeys
+from training.ledger import read_ledgers
 
 DEFAULT = Timing()
 
@@ -158,7 +159,7 @@ def _fault_run(out: Path, name: str, job: JobSpec, faults: tuple[Fault, ...]) ->
     if not result.completed:
         raise RuntimeError(f"benchmark run {name} failed: {result.error}")
     events = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]
-    timings = fault_timings(events, load_records(run_dir / "logs"), run_dir / "logs", job.nproc)
+    timings = fault_timings(events, read_ledgers(run_dir / "logs"), run_dir / "logs", job.nproc)
     return timings[0] if timings else {}
 
 
@@ -197,7 +198,7 @@ def bench_goodput(out: Path, steps: int, kills: tuple[int, int]) -> dict[str, An
         result = ChaosRunner(scenario, run_dir, with_faults=with_faults, quiet=True).run()
         if not result.completed:
             raise RuntimeError(f"goodput {label} run failed: {result.error}")
-        rates[label] = goodput(load_records(run_dir / "logs"), steps)
+        rates[label] = goodput(read_ledgers(run_dir / "logs"), steps)
     return {"steps": steps, "kills_at": list(kills), "reference_steps_per_s": round(rates["reference"], 3),
             "faults_steps_per_s": round(rates["faults"], 3), "ratio": round(rates["faults"] / rates["reference"], 4)}
 

@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from training.ledger import read_ledgers
-
 
 def read_logs(directory: Path, events: tuple[str, ...]) -> list[dict[str, Any]]:
     """structlog JSON lines of the given event names (every process of the run)."""
@@ -95,7 +93,3 @@ def _auc(curve: list[float]) -> float:
 
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def load_records(directory: Path) -> list[dict[str, Any]]:
-    return read_ledgers(directory)

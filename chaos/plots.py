@@ -11,12 +11,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from chaos.metrics import load_records, loss_curve  # noqa: E402
+from chaos.metrics import loss_curve  # noqa: E402
+from training.ledger import read_ledgers  # noqa: E402
 
 
 def plot_run(run_dir: Path, ref_dir: Path, report: dict[str, Any]) -> None:
-    records = load_records(run_dir / "logs")
-    ref_records = load_records(ref_dir / "logs")
+    records = read_ledgers(run_dir / "logs")
+    ref_records = read_ledgers(ref_dir / "logs")
     steps = [r for r in records if r["kind"] == "step"]
     if not steps:
         return

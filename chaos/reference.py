@@ -8,8 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from chaos.metrics import goodput, load_records
+from chaos.metrics import goodput
 from chaos.scenario import Scenario
+from training.ledger import read_ledgers
 
 CACHE_ENV = "FTCOORD_CACHE_DIR"
 
@@ -34,7 +35,7 @@ def ensure_reference(scenario: Scenario, quiet: bool = False) -> tuple[Path, dic
     result = ChaosRunner(scenario, temp, with_faults=False, quiet=quiet).run()
     if not result.completed:
         raise RuntimeError(f"the fault-free reference run failed: {result.error}")
-    records = load_records(temp / "logs")
+    records = read_ledgers(temp / "logs")
     finals = {r["digest"] for r in records if r["kind"] == "final"}
     world = max((r["world_size"] for r in records if r["kind"] == "final"), default=scenario.job.nproc)
     summary = {"trajectory_key": scenario.job.trajectory_key(), "steps": scenario.job.steps,

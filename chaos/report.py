@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaos.metrics import divergence, fault_timings, goodput, load_records, loss_curve, read_logs
+from chaos.metrics import divergence, fault_timings, goodput, loss_curve, read_logs
 from chaos.scenario import Scenario, parse
 from chaos.verify import verify_ledger
 from training.data import make_dataset
+from training.ledger import read_ledgers
 from training.sampler import ResumableGlobalBatchSampler
 
 
@@ -24,8 +25,8 @@ def scenario_of(run_dir: Path) -> Scenario:
 def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str, Any],
                  completed: bool = True, error: str | None = None) -> dict[str, Any]:
     job = scenario.job
-    records = load_records(run_dir / "logs")
-    ref_records = load_records(ref_dir / "logs")
+    records = read_ledgers(run_dir / "logs")
+    ref_records = read_ledgers(ref_dir / "logs")
     sampler = ResumableGlobalBatchSampler(len(make_dataset(job.dataset, job.seed)), job.global_batch, job.seed)
     verdict = verify_ledger(records, sampler, job.steps, ref.get("final_digest"), ref.get("world_size"))
     faults_path = run_dir / "faults.jsonl"
