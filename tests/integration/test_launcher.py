@@ -112,8 +112,10 @@ def test_killing_the_leader_process_is_survived(store_server: StoreServer, job_i
 def test_hot_spare_takes_over_a_dead_slot_at_once(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     from ftcoord import connect, job_store
 
+    # No warm standby: the replacement is a cold start, so the spare (already waiting) is
+    # what the next generation can use at once; with a standby either may win the race.
     proc = launch(tmp_path, store_server.address, job_id, "--steps", "200", nproc=2,
-                  launcher_args=("--spares", "1"))
+                  launcher_args=("--spares", "1", "--warm-standby", "0"))
     run = AllreduceRun(tmp_path)
     store = job_store(connect(store_server.address), job_id)
     try:
