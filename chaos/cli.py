@@ -4,6 +4,7 @@
     chaos run kill-boundary --out DIR  run one (and its fault-free reference, cached)
     chaos verify DIR / chaos report DIR
     chaos demo                         a short mix of faults on 3 ranks (the README's main job)
+    chaos campaign ecrl-exp1 --quick   the ECRL report's experiments × seeds, summarized with 95% CIs
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaos.campaign import bundled_names as campaign_names
+from chaos.campaign import load as load_campaign
 from chaos.scenario import ScenarioError, bundled_names, load
 
 
@@ -38,7 +41,7 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
         "  (world size changed: see divergence)" if c["bit_identical"] is None else ""))
     table.add_row("world sizes", str(report["world_sizes"]))
     table.add_row("goodput", f"{g['steps_per_s']} steps/s vs {g['reference_steps_per_s']} (ratio {g['ratio']})")
-    table.add_row("restarts (process / in-process)", f"{report['restarts']} / {report['in_process_restarts']}")
+    table.add_row("restarts (process or job / in-process)", f"{report['restarts']} / {report['in_process_restarts']}")
     table.add_row("generations / replayed steps", f"{report['generations']} / {report['replayed_steps']}")
     table.add_row("checkpoints", f"{report['checkpoint']['saves']} {report['checkpoint']['strategy']} saves, "
                   f"{report['checkpoint']['stall_s_total']} s stall")
@@ -102,6 +105,21 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("run_dir", type=Path)
     demo = sub.add_parser("demo", help="a short mix of faults on 3 ranks, about 1-3 minutes")
     demo.add_argument("--out", type=Path, default=None)
+    camp = sub.add_parser(
+        "campaign", help="run an experiment's runs × seeds and summarize them beside published figures",
+        description="Run campaigns (bundled: " + ", ".join(campaign_names()) + ", or a TOML file): every "
+        "run × seed in its own directory under --out, then DIR/summary.md and summary.json with mean, std "
+        "and 95%% CI per metric and the ECRL report's figures beside ours. Rerun the same command to resume "
+        "an interrupted campaign: finished runs are kept, not repeated.")
+    camp.add_argument("campaigns", nargs="+", metavar="NAME|FILE")
+    camp.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 1337,2027 (default: the campaign's)")
+    camp.add_argument("--out", type=Path, default=None,
+                      help="campaign directory (default: runs/campaign-NAMES; the same directory resumes)")
+    camp.add_argument("--quick", action="store_true", help="the bundled campaigns' short variants (minutes)")
+    camp.add_argument("--dataset", default=None,
+                      help="the dataset of every run, e.g. cifar100:~/data (a folder with cifar-100-python/)")
+    camp.add_argument("--summary-only", action="store_true", help="rewrite the summary of finished runs, run nothing")
+    camp.add_argument("--quiet", action="store_true", help="no progress lines")
     bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency and checkpoint stall")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -114,7 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             for name in bundled_names():
                 print(f"{name:15s} {load(name).description}")
+            print("\ncampaigns (chaos campaign NAME [--quick]):")
+            for name in campaign_names():
+                print(f"{name:17s} {load_campaign(name).experiment}")
             return 0
+        if args.command == "campaign":
+            from chaos.campaign_cli import run_campaigns
+
+            return run_campaigns(args)
         if args.command in ("run", "demo"):
             name = "demo" if args.command == "demo" else args.scenario
             out = args.out or Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -19,7 +19,8 @@ def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
     """The `python -m training` command line of one rank of this job."""
     args = ["--steps", str(job.steps), "--global-batch", str(job.global_batch), "--model", job.model,
             "--dataset", job.dataset, "--seed", str(job.seed), "--lr", str(job.lr), "--optimizer", job.optimizer,
-            "--step-time", str(job.step_time), "--min-world-size", str(job.min_world_size),
+            "--step-time", str(job.step_time), "--sample-time", str(job.sample_time),
+            "--min-world-size", str(job.min_world_size),
             "--heartbeat-interval", str(job.heartbeat_interval), "--heartbeat-timeout", str(job.heartbeat_timeout),
             "--join-timeout", str(job.join_timeout), "--pg-timeout", str(job.pg_timeout),
             "--hook", "chaos.inject:hook"]

@@ -74,6 +74,7 @@ def divergence(run_loss: list[float], ref_loss: list[float], run_params: Path, r
     result: dict[str, Any] = {
         "loss_max_diff": _round(max(diffs) if diffs else None, 6),
         "loss_mean_diff": _round(sum(diffs) / n if n else None, 6),
+        "loss_abs_diff_auc": _round(_auc(diffs), 6),  # the ECRL report's "loss divergence AUC"
         "loss_auc": _round(_auc(run_loss), 4),
         "loss_auc_reference": _round(_auc(ref_loss), 4),
         "loss_auc_delta": _round(_auc(run_loss) - _auc(ref_loss), 6),

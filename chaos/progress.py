@@ -75,12 +75,12 @@ class ProgressDisplay:
         self._last_print = now
         done = tail.committed()
         elapsed = now - self.started
-        eta = (elapsed / done * (self.steps - done)) if done > 0 else float("nan")
+        eta = f"{elapsed / done * (self.steps - done):4.0f}s" if done > 0 else "   ?"
         width = 24
         filled = int(width * done / self.steps) if self.steps else width
         bar = "#" * filled + "-" * (width - filled)
         line = (f"{self.title} [{bar}] step {done}/{self.steps}  gen {tail.generation}  world {tail.world_size}  "
-                f"faults {faults_done}/{self.faults}  {elapsed:5.1f}s  ETA {eta:4.0f}s {note}")
+                f"faults {faults_done}/{self.faults}  {elapsed:5.1f}s  ETA {eta} {note}")
         if self._tty:
             self.stream.write("\r" + line[:160].ljust(160))
         else:

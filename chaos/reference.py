@@ -35,14 +35,19 @@ def ensure_reference(scenario: Scenario, quiet: bool = False) -> tuple[Path, dic
     result = ChaosRunner(scenario, temp, with_faults=False, quiet=quiet).run()
     if not result.completed:
         raise RuntimeError(f"the fault-free reference run failed: {result.error}")
-    records = read_ledgers(temp / "logs")
-    finals = {r["digest"] for r in records if r["kind"] == "final"}
-    world = max((r["world_size"] for r in records if r["kind"] == "final"), default=scenario.job.nproc)
-    summary = {"trajectory_key": scenario.job.trajectory_key(), "steps": scenario.job.steps,
-               "final_digest": finals.pop() if len(finals) == 1 else None, "world_size": world,
-               "steps_per_s": goodput(records, scenario.job.steps), "wall_s": result.wall_s}
+    summary = summarize_reference(temp, scenario, result.wall_s)
     (temp / "summary.json").write_text(json.dumps(summary, indent=1))
     if directory.exists():
         shutil.rmtree(directory)
     os.replace(temp, directory)
     return directory, summary
+
+
+def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dict[str, Any]:
+    """What a faulted run is compared with: the final digest, world size and goodput."""
+    records = read_ledgers(run_dir / "logs")
+    finals = {r["digest"] for r in records if r["kind"] == "final"}
+    world = max((r["world_size"] for r in records if r["kind"] == "final"), default=scenario.job.nproc)
+    return {"trajectory_key": scenario.job.trajectory_key(), "steps": scenario.job.steps,
+            "final_digest": finals.pop() if len(finals) == 1 else None, "world_size": world,
+            "steps_per_s": goodput(records, scenario.job.steps), "wall_s": wall_s}

@@ -37,8 +37,9 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
     for planned in scenario.faults:
         if not any(f["kind"] == planned.kind and f["step"] == planned.step for f in faults):
             problems.append(f"planned fault {planned.kind} at step {planned.step} (slot {planned.slot}) never fired")
-    launches = read_logs(run_dir / "logs", ("child_started", "in_process_restart"))
-    restarts = sum(1 for e in launches if e["event"] == "child_started" and e.get("restarts", 0) > 0)
+    launches = read_logs(run_dir / "logs", ("child_started", "in_process_restart", "job_restart"))
+    slot_restarts = sum(1 for e in launches if e["event"] == "child_started" and e.get("restarts", 0) > 0)
+    job_restarts = sum(1 for e in launches if e["event"] == "job_restart")
     in_process = sum(1 for e in launches if e["event"] == "in_process_restart")
     checkpoints = [r for r in records if r["kind"] == "checkpoint"]
     steps_per_s = goodput(records, job.steps)
@@ -56,7 +57,8 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
                         "committed_steps": verdict.committed},
         "goodput": {"steps_per_s": round(steps_per_s, 3), "reference_steps_per_s": round(ref["steps_per_s"], 3),
                     "ratio": round(steps_per_s / ref["steps_per_s"], 4) if ref["steps_per_s"] else None},
-        "restarts": restarts,
+        "restarts": slot_restarts + job_restarts,
+        "job_restarts": job_restarts,
         "in_process_restarts": in_process,
         "generations": len(generations),
         "replayed_steps": verdict.replayed_steps,
@@ -89,7 +91,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| bit-identical to the reference | {c['bit_identical']} |",
         f"| world sizes | {report['world_sizes']} |",
         f"| goodput | {g['steps_per_s']} steps/s (reference {g['reference_steps_per_s']}, ratio {g['ratio']}) |",
-        f"| process restarts / in-process restarts | {report['restarts']} / {report['in_process_restarts']} |",
+        f"| restarts (a slot's process or the whole job) / in-process restarts | {report['restarts']} / "
+        f"{report['in_process_restarts']} |",
         f"| generations | {report['generations']} |",
         f"| replayed steps | {report['replayed_steps']} |",
         f"| checkpoints ({report['checkpoint']['strategy']}) | {report['checkpoint']['saves']} saves, "
@@ -103,6 +106,7 @@ def markdown(report: dict[str, Any]) -> str:
     d = report["divergence"]
     lines += ["", "## Divergence from the reference", "",
               f"parameter L2 {d['param_l2']}, loss max diff {d['loss_max_diff']}, mean diff {d['loss_mean_diff']}, "
+              f"area under |loss diff| {d['loss_abs_diff_auc']}, "
               f"loss AUC {d['loss_auc']} vs {d['loss_auc_reference']} (delta {d['loss_auc_delta']})", "",
               "![loss](loss.png) ![timeline](timeline.png) ![goodput](goodput.png)", ""]
     if report["problems"]:

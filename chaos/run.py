@@ -50,8 +50,9 @@ class ChaosRunner:
     """Runs one scenario (or its fault-free reference when `faults` is empty)."""
 
     def __init__(self, scenario: Scenario, out: Path, *, with_faults: bool = True, quiet: bool = False,
-                 timeout_s: float = RUN_TIMEOUT_S) -> None:
+                 timeout_s: float = RUN_TIMEOUT_S, title: str | None = None) -> None:
         self.scenario = scenario
+        self.title = title or (scenario.name if with_faults else f"{scenario.name} (reference)")
         self.out = out
         self.faults = list(scenario.faults) if with_faults else []
         self.quiet = quiet
@@ -87,8 +88,7 @@ class ChaosRunner:
         launchers = Launchers(self.scenario.job, server.address, job_id, self.out, self._plan(), self._crash_spec(),
                               self.out / "launchers.out")
         tail = LedgerTail(self.out / "logs")
-        display = ProgressDisplay(self.scenario.name if self.faults else f"{self.scenario.name} (reference)",
-                                  self.scenario.job.steps, len(self.faults), quiet=self.quiet)
+        display = ProgressDisplay(self.title, self.scenario.job.steps, len(self.faults), quiet=self.quiet)
         pending = [f for f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
         crash = next((f for f in self.faults if f.kind == "ckpt-crash"), None)
         started = time.monotonic()

@@ -56,6 +56,8 @@ class JobSpec:
     lr: float = TrainConfig.lr
     optimizer: str = TrainConfig.optimizer
     step_time: float = 0.0
+    sample_time: float = 0.0
+    """Seconds per sample of a rank's shard (see training's --sample-time)."""
     ckpt_strategy: str = "blocking"
     ckpt_every: int = 40
     restart_policy: str = "slot"
@@ -183,6 +185,11 @@ def parse(text: str, where: str = "<scenario>") -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{where}: not valid TOML ({exc})") from exc
+    return from_dict(data, where)
+
+
+def from_dict(data: dict[str, Any], where: str = "<scenario>") -> Scenario:
+    """A scenario from its TOML tables (campaigns compose these), validated."""
     _check_keys(data, {"name", "description", "job", "faults", "random"}, where)
     for key in ("name", "description"):
         if not isinstance(data.get(key), str) or not data[key]:
@@ -211,3 +218,23 @@ def load(name_or_path: str) -> Scenario:
 
 def bundled_names() -> list[str]:
     return sorted(p.stem for p in BUNDLED.glob("*.toml"))
+
+
+def to_toml(scenario: Scenario) -> str:
+    """The scenario as a TOML file that `parse` reads back (what a run directory keeps)."""
+    lines = [f"name = {_toml_value(scenario.name)}", f"description = {_toml_value(scenario.description)}", "",
+             "[job]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in asdict(scenario.job).items() if v is not None and v != ()]
+    for fault in scenario.faults:
+        lines += ["", "[[faults]]"] + [f"{k} = {_toml_value(v)}" for k, v in asdict(fault).items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string

@@ -87,6 +87,15 @@ class Standby:
     ready: bool = False
 
 
+def children_env(nproc: int) -> dict[str, str]:
+    """The launcher's environment for its processes, with OMP_NUM_THREADS = cores // processes
+    unless the user set it: N processes each spinning up a thread per core oversubscribe the
+    machine (ResNet-18 steps took 5 s instead of 0.2 s with 2 ranks on 2 cores)."""
+    values = dict(os.environ)
+    values.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, nproc))))
+    return values
+
+
 @dataclass
 class Supervisor:
     config: LaunchConfig
@@ -105,6 +114,10 @@ class Supervisor:
         if self.config.restart_policy == "job":
             self._standby_count = 0  # the whole-job restart baseline starts every process afresh
         self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
+        self._env = children_env(self.config.nproc)
+        if "OMP_NUM_THREADS" not in os.environ:
+            self._log.info("omp_threads_set", omp_num_threads=self._env["OMP_NUM_THREADS"],
+                           why="cores / processes, as torchrun does; set OMP_NUM_THREADS to choose")
 
     # -- environment and process start ------------------------------------------------
 
@@ -132,7 +145,7 @@ class Supervisor:
             standby.process.stdin.flush()
             slot.process, slot.from_standby = standby.process, True
         else:
-            slot.process = subprocess.Popen(self.config.command, env={**os.environ, **self._child_env(slot)})
+            slot.process = subprocess.Popen(self.config.command, env={**self._env, **self._child_env(slot)})
             slot.from_standby = False
         slot.restart_due, slot.fenced_at, slot.fence_killed = None, None, False
         self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
@@ -145,7 +158,7 @@ class Supervisor:
         process = subprocess.Popen(
             [sys.executable, "-m", "ftcoord.standby", "--", *self.config.command],
             stdin=subprocess.PIPE, pass_fds=(write_fd,),
-            env={**os.environ, READY_FD_ENV: str(write_fd), env.LAUNCHER_PID_ENV: str(os.getpid())},
+            env={**self._env, READY_FD_ENV: str(write_fd), env.LAUNCHER_PID_ENV: str(os.getpid())},
         )
         os.close(write_fd)
         self.standbys.append(Standby(process, read_fd))

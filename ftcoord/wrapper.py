@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -166,7 +167,8 @@ class Wrapper:
                 own_failures += not collateral
                 logger.warning("in_process_restart", generation=record.generation, restarts=restarts,
                                own_failure=not collateral, cause=f"{type(cause).__name__}: {cause}"[:500],
-                               mono=time.monotonic())
+                               mono=time.monotonic(),
+                               traceback=None if collateral else "".join(traceback.format_exception(cause))[-4000:])
                 if own_failures > self.max_restarts:
                     raise RestartsExhausted(
                         f"slot {participant.slot} failed {own_failures} times in its own code "

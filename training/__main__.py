@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default=None, help="step ledger and logs (default: FTCOORD_LOG_DIR)")
     p.add_argument("--step-time", type=float, default=DEFAULTS["step_time"],
                    help="extra seconds per step, to shape a run")
+    p.add_argument("--sample-time", type=float, default=DEFAULTS["sample_time"],
+                   help="extra seconds per sample of this rank's shard (emulated compute: a rank with a "
+                        "bigger shard, as after losing ranks, takes longer)")
     p.add_argument("--min-world-size", type=int, default=DEFAULTS["min_world_size"])
     p.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY step hook (fault injection)")
     p.add_argument("--heartbeat-interval", type=float, default=None)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             ckpt_dir=args.ckpt_dir, ckpt_strategy=args.ckpt_strategy if args.ckpt_dir else "none",
             ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, warm_start=args.warm_start,
             log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
+            sample_time=args.sample_time,
             min_world_size=args.min_world_size, hooks=tuple(args.hook))
         slot = env.slot_from_env()
         if config.log_dir:

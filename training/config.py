@@ -38,6 +38,9 @@ class TrainConfig:
     log_dir: str | None = None
     step_time: float = 0.0
     """Extra seconds per step (to shape a run like the ECRL report's ~100 ms steps)."""
+    sample_time: float = 0.0
+    """Extra seconds per sample of this rank's shard: emulated compute that grows when fewer ranks
+    share the global batch, as real compute does (what slows the ECRL report's elastic 2 -> 1 run)."""
     min_world_size: int = 1
     hooks: tuple[str, ...] = field(default_factory=tuple)
 
@@ -55,6 +58,9 @@ class TrainConfig:
             raise TrainingConfigError(f"--ckpt-every {self.ckpt_every} must be >= 1")
         if self.ckpt_keep < 1:
             raise TrainingConfigError(f"--ckpt-keep {self.ckpt_keep} must be >= 1")
+        if self.step_time < 0 or self.sample_time < 0:
+            raise TrainingConfigError(f"--step-time {self.step_time} / --sample-time {self.sample_time}: "
+                                      f"must be >= 0 seconds")
         if self.optimizer not in ("sgd", "adam"):
             raise TrainingConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adam")
 

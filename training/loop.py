@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ftcoord import CallWrapper
 from ftcoord.log import get_logger
+from training.buffers import BufferGuard
 from training.checkpoint.base import CheckpointStrategy, Loaded, load_latest, make_strategy
 from training.config import TrainConfig
 from training.data import collate, make_dataset
@@ -75,38 +76,17 @@ class Trainer:
                           heal_receivers=report.receivers, heal_bytes=report.bytes,
                           heal_s=round(report.seconds, 4), loaded_from=report.loaded_from,
                           restarts=call.restarts)
-        ddp = DDP(state.model)
-        hooks = self.hooks
-        while state.step < config.steps:
-            call.check()  # before should_stop: a stop first ends the generation (see monitor)
-            if call.should_stop:
-                return self._stop(call)
-            step = state.step
-            torch.manual_seed(derive_seed(config.seed, "step", step, rank))
-            shard = self.sampler.shard(step, rank, world)
-            x, y, _ = collate(self.dataset, shard)
-            state.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(ddp(x), y)
-            loss.backward()  # DDP all-reduces the gradients here
-            if hooks:
-                self._run_hooks("after_backward", call, step)
-            state.optimizer.step()
-            state.scheduler.step()
-            state.step = step + 1  # committed: this rank applied the full global batch
-            call.step = state.step
-            call.ping()
-            sampler_state = self.sampler.state(step)
-            self.ledger.write("step", generation=call.iteration, rank=rank, world_size=world, step=step,
-                              epoch=sampler_state.epoch, cursor=sampler_state.cursor,
-                              window_hash=ids_hash(self.sampler.window(step)), shard_hash=ids_hash(shard),
-                              shard_count=len(shard), shard_ids=shard.tolist(), loss=loss.item(),
-                              lr=state.scheduler.get_last_lr()[0])
-            if self.checkpoint is not None and rank == 0 and state.step % config.ckpt_every == 0:
-                self._save(call, world)
-            if hooks:
-                self._run_hooks("at_boundary", call, state.step)
-            if config.step_time:
-                time.sleep(config.step_time)
+        # Buffers (BatchNorm statistics) are synced after backward rather than at the next forward
+        # (DDP's default) and rolled back when a step fails: see training.buffers.
+        ddp = DDP(state.model, broadcast_buffers=False)
+        buffers = BufferGuard(state.model)
+        try:
+            while state.step < config.steps:
+                if not self._step(call, ddp, buffers):
+                    return self._stop(call)
+        except BaseException:
+            buffers.roll_back()
+            raise
         self.ledger.write("final", generation=call.iteration, rank=rank, world_size=world, step=state.step,
                           digest=state.digest())
         if rank == 0 and self.ledger.directory is not None:
@@ -115,6 +95,46 @@ class Trainer:
         if self.checkpoint is not None and rank == 0:
             self.checkpoint.flush()
         return "done"
+
+    def _step(self, call: CallWrapper, ddp: DDP, buffers: BufferGuard) -> bool:
+        """One global step; False when the job asks to stop instead. Every collective runs before
+        the first change to parameters or optimizer state, so a failed step changes nothing."""
+        config, state, hooks = self.config, self.state, self.hooks
+        rank, world = call.rank, call.world_size
+        call.check()  # before should_stop: a stop first ends the generation (see monitor)
+        if call.should_stop:
+            return False
+        step = state.step
+        torch.manual_seed(derive_seed(config.seed, "step", step, rank))
+        shard = self.sampler.shard(step, rank, world)
+        x, y, _ = collate(self.dataset, shard)
+        state.optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()  # DDP all-reduces the gradients here
+        if hooks:
+            self._run_hooks("after_backward", call, step)
+        if buffers.buffers:
+            buffers.sync_from_rank0()
+        state.optimizer.step()
+        state.scheduler.step()
+        state.step = step + 1  # committed: this rank applied the full global batch
+        buffers.commit()
+        call.step = state.step
+        call.ping()
+        sampler_state = self.sampler.state(step)
+        self.ledger.write("step", generation=call.iteration, rank=rank, world_size=world, step=step,
+                          epoch=sampler_state.epoch, cursor=sampler_state.cursor,
+                          window_hash=ids_hash(self.sampler.window(step)), shard_hash=ids_hash(shard),
+                          shard_count=len(shard), shard_ids=shard.tolist(), loss=loss.item(),
+                          lr=state.scheduler.get_last_lr()[0])
+        if self.checkpoint is not None and rank == 0 and state.step % config.ckpt_every == 0:
+            self._save(call, world)
+        if hooks:
+            self._run_hooks("at_boundary", call, state.step)
+        extra = config.step_time + config.sample_time * len(shard)
+        if extra:
+            time.sleep(extra)
+        return True
 
     def _save(self, call: CallWrapper, world: int) -> None:
         assert self.checkpoint is not None
@@ -142,3 +162,4 @@ class Trainer:
         if self.checkpoint is not None:
             self.checkpoint.close(finished)
         self.ledger.close()
+

@@ -8,11 +8,12 @@ from torch import nn
 
 from training.errors import TrainingConfigError
 
-MODELS = ("mlp", "resnet18", "big-mlp")
+MODELS = ("mlp", "small-cnn", "resnet18", "big-mlp")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int) -> nn.Module:
-    """mlp (small, for tests), resnet18 (torchvision, 32x32 images), big-mlp (~101M params)."""
+    """mlp (small, for tests), small-cnn (a tiny convnet with BatchNorm: buffers, for tests),
+    resnet18 (torchvision, CIFAR stem for 32x32 images), big-mlp (~101M params)."""
     torch.manual_seed(seed)
     features = 1
     for dim in input_shape:
@@ -26,10 +27,13 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
         for _ in range(6):
             layers += [nn.Linear(width, width), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(width, classes))
+    if name in ("small-cnn", "resnet18") and len(input_shape) != 3:
+        raise TrainingConfigError(f"{name} needs image inputs (C, H, W), not shape {input_shape}; "
+                                  f"use --dataset fakedata or cifar10:PATH")
+    if name == "small-cnn":
+        return nn.Sequential(nn.Conv2d(input_shape[0], 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(8 * 16, classes))
     if name == "resnet18":
-        if len(input_shape) != 3:
-            raise TrainingConfigError(f"resnet18 needs image inputs (C, H, W), not shape {input_shape}; "
-                                      f"use --dataset fakedata or cifar10:PATH")
         model = torchvision.models.resnet18(num_classes=classes)
         model.conv1 = nn.Conv2d(input_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()  # type: ignore[assignment]

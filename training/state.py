@@ -55,7 +55,8 @@ class TrainState:
         h = hashlib.blake2b(digest_size=16)
         for name, tensor in self.model.state_dict().items():
             h.update(name.encode())
-            h.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+            # reshape: a 0-dim buffer (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+            h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
 

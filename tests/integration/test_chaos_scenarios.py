@@ -23,7 +23,8 @@ def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def run(name: str, tmp_path: Path) -> dict:
-    report = run_scenario(name, tmp_path / name, quiet=True)
+    report = run_scenario(name, tmp_path / Path(name).stem, quiet=True)
+    name = Path(name).stem
     assert report["verdict"] == "pass", json.dumps(report, indent=1)
     assert json.loads((tmp_path / name / "report.json").read_text())["verdict"] == "pass"
     for plot in ("loss.png", "timeline.png", "goodput.png"):
@@ -37,6 +38,17 @@ def test_kill_boundary(tmp_path: Path) -> None:
     report = run("kill-boundary", tmp_path)
     assert report["correctness"]["bit_identical"] is True and report["restarts"] == 1
     assert report["faults"][0]["recover_s"] is not None
+
+
+def test_batchnorm_statistics_stay_exact_when_rank_0_dies(tmp_path: Path) -> None:
+    """The survivor's forward of the step that never committed moved its BatchNorm statistics;
+    they are rolled back, so the run ends bit-identical to the reference (buffers included)."""
+    spec = tmp_path / "bn-kill.toml"
+    spec.write_text('name = "bn-kill"\ndescription = "BatchNorm model, rank 0 killed after a step"\n[job]\n'
+                    'nproc = 2\nsteps = 16\nglobal_batch = 8\nmodel = "small-cnn"\ndataset = "fakedata:64"\n'
+                    'ckpt_every = 5\n[[faults]]\nkind = "kill-boundary"\nslot = 0\nstep = 6\n')
+    report = run(str(spec), tmp_path)
+    assert report["correctness"]["bit_identical"] is True and report["restarts"] == 1
 
 
 def test_kill_midstep(tmp_path: Path) -> None:

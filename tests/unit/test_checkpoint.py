@@ -183,3 +183,31 @@ def test_flash_image_survives_the_death_of_the_trainer(tmp_path: Path) -> None:
         for f in directory.iterdir():
             f.unlink()
         directory.rmdir()
+
+
+@pytest.mark.parametrize("strategy", ["blocking", "flash"])
+def test_a_model_with_batchnorm_buffers_digests_and_round_trips(tmp_path: Path, strategy: str) -> None:
+    """ResNet-18 (the Exp3 model) carries 0-dim buffers (num_batches_tracked): digests and images
+    must handle them, or every rank fails at its first step."""
+    config = TrainConfig(ckpt_dir="unused", model="resnet18", dataset="fakedata100:64", global_batch=4)
+    model = build_model("resnet18", (3, 32, 32), 100, config.seed)
+    optimizer = build_optimizer(config, model)
+    state = TrainState(model, optimizer, build_scheduler(config, optimizer),
+                       ResumableGlobalBatchSampler(64, 4, config.seed), step=3, has_state=True)
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([1, 2, 3, 4])).backward()
+    optimizer.step()
+    assert any(t.dim() == 0 for t in model.state_dict().values())
+    ckpt = make_strategy(strategy, tmp_path / "ckpt", config_hash="abc", keep=1, job_id=f"bn-{os.getpid()}")
+    assert ckpt is not None
+    ckpt.save(state, world_size=2)
+    ckpt.flush()
+    loaded = ckpt.load()
+    assert loaded is not None
+    fresh_model = build_model("resnet18", (3, 32, 32), 100, config.seed + 1)
+    fresh_optimizer = build_optimizer(config, fresh_model)
+    fresh = TrainState(fresh_model, fresh_optimizer, build_scheduler(config, fresh_optimizer),
+                       ResumableGlobalBatchSampler(64, 4, config.seed))
+    assert fresh.digest() != state.digest()
+    fresh.restore(loaded.payload)
+    assert fresh.digest() == state.digest() and fresh.step == 3
+    ckpt.close(finished=True)

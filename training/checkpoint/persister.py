@@ -1,21 +1,27 @@
 """The flash strategy's persister: writes shared-memory images to disk in the background.
 
 Runs in its own session, so it outlives the trainer that started it: a save requested
-just before the trainer died still becomes a durable checkpoint. Exits when its owner is
+just before the trainer died still becomes a durable checkpoint. Runs niced: background
+persistence must not take the CPU from training (on a 2-core box its torch import alone
+slowed the next steps 3x). Exits when its owner is
 gone and nothing is left to write (or on SIGTERM).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
-import sys
-import time
-from pathlib import Path
 
-from training.checkpoint import atomic, shm
-from training.state import serialize
+PERSISTER_NICE = 10
+os.nice(PERSISTER_NICE)  # before torch loads: its import and every write yield the CPU to training
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from training.checkpoint import atomic, shm  # noqa: E402
+from training.state import serialize  # noqa: E402
 
 
 def _alive(pid: int) -> bool:

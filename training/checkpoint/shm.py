@@ -122,6 +122,12 @@ def read_image(directory: Path, copy: bool = True) -> tuple[dict[str, Any], dict
         flat = torch.frombuffer(mapping, dtype=torch.uint8)
     else:
         flat = torch.empty(0, dtype=torch.uint8)
+    # torch.save refuses views of one storage as different dtypes: without a copy, only the
+    # dtype holding most bytes stays a view (the parameters); the rest (BatchNorm counters) is tiny.
+    bytes_by_dtype: dict[str, int] = {}
+    for place in meta["layout"]:
+        bytes_by_dtype[place["dtype"]] = bytes_by_dtype.get(place["dtype"], 0) + place["nbytes"]
+    viewed = max(bytes_by_dtype, key=bytes_by_dtype.__getitem__) if bytes_by_dtype and not copy else None
     tensors = []
     for place in meta["layout"]:
         dtype = getattr(torch, place["dtype"])
@@ -130,7 +136,7 @@ def read_image(directory: Path, copy: bool = True) -> tuple[dict[str, Any], dict
             tensor = chunk.view(dtype).reshape(place["shape"])
         else:
             tensor = torch.empty(place["shape"], dtype=dtype)
-        tensors.append(tensor.clone() if copy else tensor)
+        tensors.append(tensor if place["dtype"] == viewed else tensor.clone())
     return meta, unflatten(meta["skeleton"], tensors)
 
 

@@ -1,0 +1,26 @@
+"""The launcher's environment for its processes: one OpenMP pool per core, not per process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ftcoord.supervisor import children_env
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_threads_are_split_between_the_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert children_env(8)["OMP_NUM_THREADS"] == "2"
+    assert children_env(32)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert children_env(2)["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_users_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    env = children_env(2)
+    assert env["OMP_NUM_THREADS"] == "6" and env["PATH"] == os.environ["PATH"]
