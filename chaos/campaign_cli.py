@@ -34,7 +34,8 @@ def run_campaigns(args: argparse.Namespace) -> int:
 
         make_dataset(args.dataset)  # a missing folder fails here, not inside every rank of every run
     out = args.out or default_out(args.campaigns, args.quick)
-    planned = plan(campaigns, out, seeds, args.dataset)
+    only = tuple(name.strip() for name in args.runs.split(",") if name.strip()) if args.runs else ()
+    planned = plan(campaigns, out, seeds, args.dataset, only)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     for campaign in campaigns:
         if campaign.stand_in and not args.dataset:

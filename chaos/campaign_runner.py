@@ -61,11 +61,18 @@ def run_dir(out: Path, campaign: Campaign, run: CampaignRun, seed: int) -> Path:
 
 
 def plan(campaigns: list[Campaign], out: Path, seeds: tuple[int, ...] | None,
-         dataset: str | None) -> list[PlannedRun]:
-    """Seed by seed, the reference first: an interrupted campaign leaves whole seeds behind it."""
+         dataset: str | None, only: tuple[str, ...] = ()) -> list[PlannedRun]:
+    """Seed by seed, the reference first: an interrupted campaign leaves whole seeds behind it.
+    `only` names the runs to keep (the reference always runs: the others are compared with it)."""
+    names = {r.name for c in campaigns for r in c.runs}
+    unknown = sorted(set(only) - names)
+    if unknown:
+        raise ScenarioError(f"--runs {','.join(only)}: no run named {unknown} in these campaigns; "
+                            f"their runs: {sorted(names)}")
     planned = []
     for campaign in campaigns:
-        ordered = [campaign.reference] + [r for r in campaign.runs if not r.reference]
+        ordered = [campaign.reference] + [r for r in campaign.runs
+                                          if not r.reference and (not only or r.name in only)]
         for seed in seeds or campaign.seeds:
             for run in ordered:
                 planned.append(PlannedRun(campaign, run, seed, campaign.scenario(run, seed, dataset),

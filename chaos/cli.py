@@ -109,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         "campaign", help="run an experiment's runs × seeds and summarize them beside published figures",
         description="Run campaigns (bundled: " + ", ".join(campaign_names()) + ", or a TOML file): every "
         "run × seed in its own directory under --out, then DIR/summary.md and summary.json with mean, std "
-        "and 95%% CI per metric and the ECRL report's figures beside ours. Rerun the same command to resume "
+        "and 95% CI per metric and the ECRL report's figures beside ours. Rerun the same command to resume "
         "an interrupted campaign: finished runs are kept, not repeated.")
     camp.add_argument("campaigns", nargs="+", metavar="NAME|FILE")
     camp.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 1337,2027 (default: the campaign's)")
     camp.add_argument("--out", type=Path, default=None,
                       help="campaign directory (default: runs/campaign-NAMES; the same directory resumes)")
+    camp.add_argument("--runs", default=None,
+                      help="only these runs, e.g. blocking,overlapped (the reference always runs)")
     camp.add_argument("--quick", action="store_true", help="the bundled campaigns' short variants (minutes)")
     camp.add_argument("--dataset", default=None,
                       help="the dataset of every run, e.g. cifar100:~/data (a folder with cifar-100-python/)")

@@ -48,7 +48,10 @@ class Launchers:
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
         self.env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
                     "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                    PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)}
+                    PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out),
+                    # The "nodes" share this machine: split its cores over all ranks, not per launcher.
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                      str(max(1, (os.cpu_count() or 1) // job.nproc)))}
         if crash:
             self.env[CRASH_ENV] = crash
         self.output = output.open("ab")

@@ -72,9 +72,9 @@ def divergence(run_loss: list[float], ref_loss: list[float], run_params: Path, r
     n = min(len(run_loss), len(ref_loss))
     diffs = [abs(a - b) for a, b in zip(run_loss[:n], ref_loss[:n], strict=True)]
     result: dict[str, Any] = {
-        "loss_max_diff": _round(max(diffs) if diffs else None, 6),
-        "loss_mean_diff": _round(sum(diffs) / n if n else None, 6),
-        "loss_abs_diff_auc": _round(_auc(diffs), 6),  # the ECRL report's "loss divergence AUC"
+        "loss_max_diff": _round(max(diffs) if diffs else None, 10),
+        "loss_mean_diff": _round(sum(diffs) / n if n else None, 10),
+        "loss_abs_diff_auc": _round(_auc(diffs), 10),  # the ECRL report's "loss divergence AUC"
         "loss_auc": _round(_auc(run_loss), 4),
         "loss_auc_reference": _round(_auc(ref_loss), 4),
         "loss_auc_delta": _round(_auc(run_loss) - _auc(ref_loss), 6),

@@ -61,7 +61,7 @@ def aggregate(planned: list[PlannedRun]) -> list[dict[str, Any]]:
     for campaign in campaigns.values():
         mine = [p for p in planned if p.campaign.name == campaign.name]
         runs = []
-        for run in campaign.runs:
+        for run in [r for r in campaign.runs if any(p.run.name == r.name for p in mine)]:  # --runs may skip some
             done = [p for p in mine if p.run.name == run.name and p.finished()]
             per_seed = {p.seed: run_metrics(p.report()) for p in done}
             recoveries = [f["recover_s"] for p in done for f in p.report()["faults"] if f.get("recover_s") is not None]
@@ -110,8 +110,15 @@ def fmt(stats: dict[str, Any], metric: str) -> str:
         return "—"
     digits = _DIGITS.get(metric, 3)
     if summary.half_width is None:
-        return f"{summary.mean:.{digits}f} (n={summary.n})"
-    return f"{summary.mean:.{digits}f} ± {summary.half_width:.{digits}f} (n={summary.n})"
+        return f"{_number(summary.mean, digits)} (n={summary.n})"
+    return f"{_number(summary.mean, digits)} ± {_number(summary.half_width, digits)} (n={summary.n})"
+
+
+def _number(value: float, digits: int) -> str:
+    """Fixed digits, but a tiny non-zero value (float rounding between runs) is not shown as 0."""
+    if value and abs(value) < 0.5 * 10**-digits:
+        return f"{value:.1e}"
+    return f"{value:.{digits}f}"
 
 
 def published(run: dict[str, Any], metric: str) -> str:

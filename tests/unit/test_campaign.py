@@ -168,3 +168,11 @@ def test_quick_needs_a_bundled_campaign_and_seeds_are_checked(tmp_path: Path) ->
     for bad in ("", "1,1", "a,b", "-1"):
         with pytest.raises(ScenarioError, match="--seeds"):
             parse_seeds(bad)
+
+
+def test_runs_can_be_narrowed_but_the_reference_always_runs(tmp_path: Path) -> None:
+    campaign = parse(TINY, "tiny.toml")
+    assert [(p.run.name, p.seed) for p in plan([campaign], tmp_path, (3,), None, ("kill",))] == [
+        ("reference", 3), ("kill", 3)]
+    with pytest.raises(ScenarioError, match=r"--runs kil: no run named \['kil'\]"):
+        plan([campaign], tmp_path, None, None, ("kil",))
