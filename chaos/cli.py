@@ -38,7 +38,9 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     table.add_row("duplicates / missing / extra", f"{c['duplicates']} / {c['missing']} / {c['extra']}"
                   f"  ({c['epochs_checked']} full epochs checked)")
     table.add_row("bit-identical to reference", str(c["bit_identical"]) + (
-        "  (world size changed: see divergence)" if c["bit_identical"] is None else ""))
+        "  (world size changed: see divergence)" if c["bit_identical"] is None else "") + (
+        f"  (equal within float rounding: relative L2 {report['divergence']['param_l2_relative']})"
+        if c.get("equal_within_rounding") else ""))
     table.add_row("world sizes", str(report["world_sizes"]))
     table.add_row("goodput", f"{g['steps_per_s']} steps/s vs {g['reference_steps_per_s']} (ratio {g['ratio']})")
     table.add_row("restarts (process or job / in-process)", f"{report['restarts']} / {report['in_process_restarts']}")

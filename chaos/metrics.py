@@ -79,12 +79,15 @@ def divergence(run_loss: list[float], ref_loss: list[float], run_params: Path, r
         "loss_auc_reference": _round(_auc(ref_loss), 4),
         "loss_auc_delta": _round(_auc(run_loss) - _auc(ref_loss), 6),
         "param_l2": None,
+        "param_l2_relative": None,
     }
     if run_params.exists() and ref_params.exists():
         a = torch.load(run_params, weights_only=True)
         b = torch.load(ref_params, weights_only=True)
         total = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a if k in b)
+        norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in b.values()))
         result["param_l2"] = _round(math.sqrt(total), 8)
+        result["param_l2_relative"] = float(f"{math.sqrt(total) / norm:.3g}") if norm else None
     return result
 
 

@@ -13,6 +13,9 @@ from training.data import make_dataset
 from training.ledger import read_ledgers
 from training.sampler import ResumableGlobalBatchSampler
 
+ROUNDING_RELATIVE_L2 = 1e-6
+"""Final parameters this close (L2 relative to the reference's norm) count as equal within rounding."""
+
 
 def scenario_of(run_dir: Path) -> Scenario:
     path = run_dir / "scenario.toml"
@@ -44,7 +47,16 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
     checkpoints = [r for r in records if r["kind"] == "checkpoint"]
     steps_per_s = goodput(records, job.steps)
     generations = sorted({r["generation"] for r in records if r["kind"] in ("step", "generation")})
-    passed = completed and not problems and verdict.bit_identical is not False
+    drift = divergence(loss_curve(records), loss_curve(ref_records), run_dir / "logs" / "final_params.pt",
+                       ref_dir / "logs" / "final_params.pt")
+    # With 3+ ranks float addition in the gradient all-reduce is not associative: a run whose process
+    # groups were re-formed can end a few ulps away (seen: relative L2 3e-8 after 4 faults on 3 ranks;
+    # 2 ranks stay bit-identical, a + b = b + a). Reported, not failed; data progress stays exact.
+    rounding = (verdict.bit_identical is False and job.nproc >= 3 and drift["param_l2_relative"] is not None
+                and drift["param_l2_relative"] < ROUNDING_RELATIVE_L2)
+    if rounding:
+        problems = [p for p in problems if "differ from the fault-free reference" not in p]
+    passed = completed and not problems and (verdict.bit_identical is not False or rounding)
     return {
         "scenario": scenario.name,
         "description": scenario.description,
@@ -54,6 +66,7 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
         "world_sizes": verdict.world_sizes,
         "correctness": {"duplicates": verdict.duplicates, "missing": verdict.missing, "extra": verdict.extra,
                         "epochs_checked": verdict.epochs_checked, "bit_identical": verdict.bit_identical,
+                        "equal_within_rounding": rounding,
                         "committed_steps": verdict.committed},
         "goodput": {"steps_per_s": round(steps_per_s, 3), "reference_steps_per_s": round(ref["steps_per_s"], 3),
                     "ratio": round(steps_per_s / ref["steps_per_s"], 4) if ref["steps_per_s"] else None},
@@ -65,8 +78,7 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
         "faults": fault_timings(faults, records, run_dir / "logs", job.nproc),
         "checkpoint": {"strategy": job.ckpt_strategy, "saves": len(checkpoints),
                        "stall_s_total": round(sum(c["stall_s"] for c in checkpoints), 4)},
-        "divergence": divergence(loss_curve(records), loss_curve(ref_records), run_dir / "logs" / "final_params.pt",
-                                 ref_dir / "logs" / "final_params.pt"),
+        "divergence": drift,
         "problems": problems,
     }
 
@@ -88,7 +100,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| steps committed | {c['committed_steps']} / {report['steps']} |",
         f"| duplicates / missing / extra | {c['duplicates']} / {c['missing']} / {c['extra']} |",
         f"| epochs checked | {c['epochs_checked']} |",
-        f"| bit-identical to the reference | {c['bit_identical']} |",
+        f"| bit-identical to the reference | {c['bit_identical']}"
+        f"{' (equal within float rounding: see divergence)' if c.get('equal_within_rounding') else ''} |",
         f"| world sizes | {report['world_sizes']} |",
         f"| goodput | {g['steps_per_s']} steps/s (reference {g['reference_steps_per_s']}, ratio {g['ratio']}) |",
         f"| restarts (a slot's process or the whole job) / in-process restarts | {report['restarts']} / "

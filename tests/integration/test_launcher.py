@@ -173,7 +173,10 @@ def test_sigterm_to_the_launcher_stops_every_rank_through_should_stop(
     assert code == 0, out[-3000:]
     stopped = run.events("stopped")
     assert {e["slot"] for e in stopped} == {0, 1}
-    assert len({e["step"] for e in stopped}) == 1, f"ranks stopped at different steps: {stopped}"
+    # A rank can see the stop before its generation is interrupted and return once more from the
+    # next generation: what counts is where each rank finally stopped.
+    final = {e["slot"]: e["step"] for e in sorted(stopped, key=lambda e: e["mono"])}
+    assert len(set(final.values())) == 1, f"ranks stopped at different steps: {stopped}"
     assert [e["result"] for e in run.events("exit")] == ["stopped", "stopped"]
 
 

@@ -67,7 +67,9 @@ def test_exhausted_max_restarts_end_with_a_clear_error(
 def test_stopped_process_without_launcher_does_not_corrupt_the_job(
     forker: Forker, store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:
-    pids = start_ranks(forker, store_server.address, job_id, tmp_path, 3, "--steps", "150",
+    # 400 steps of 20 ms: the survivors are still training when the stopped process wakes up
+    # (with 150 they could finish first, and the woken process would only find the job done).
+    pids = start_ranks(forker, store_server.address, job_id, tmp_path, 3, "--steps", "400",
                        "--pg-timeout", "4")
     run = AllreduceRun(tmp_path)
     run.wait_step(10)
@@ -80,7 +82,7 @@ def test_stopped_process_without_launcher_does_not_corrupt_the_job(
         os.kill(pids[2], signal.SIGCONT)
     codes = wait_exit(forker, pids, 90)
     assert set(codes.values()) == {0}, codes
-    run.assert_correct(150)
+    run.assert_correct(400)
     woken = [e for e in run.events("generation") if e["pid"] == pids[2]]
     assert woken[-1]["generation"] > 1, "the woken process should have rejoined a later generation"
 
