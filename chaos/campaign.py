@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.scenario import Scenario, ScenarioError, from_dict
+from chaos.scenario import Scenario, ScenarioError, from_dict, toml_file
 
 BUNDLED = Path(__file__).parent / "campaigns"
 QUICK_SUFFIX = "-quick"
@@ -170,17 +170,13 @@ def parse(text: str, where: str = "<campaign>") -> Campaign:
 
 def load(name_or_path: str, quick: bool = False) -> Campaign:
     """A bundled campaign by name (`ecrl-exp1`, its `--quick` variant `ecrl-exp1-quick`) or a TOML file."""
-    path = Path(name_or_path)
-    if path.suffix or path.exists():
-        if quick:
-            raise ScenarioError(f"--quick picks the short variant of a bundled campaign; {name_or_path!r} is a "
-                                f"file: write its short version as a file of its own")
-    else:
-        name = name_or_path if not quick or name_or_path.endswith(QUICK_SUFFIX) else name_or_path + QUICK_SUFFIX
-        path = BUNDLED / f"{name}.toml"
-    if not path.is_file():
-        raise ScenarioError(f"no campaign {name_or_path!r}{' (quick variant)' if quick else ''}: not a file, and "
-                            f"not one of the bundled {bundled_names()}")
+    is_file = bool(Path(name_or_path).suffix) or Path(name_or_path).exists()
+    if quick and is_file:
+        raise ScenarioError(f"--quick picks the short variant of a bundled campaign; {name_or_path!r} is a "
+                            f"file: write its short version as a file of its own")
+    if quick and not name_or_path.endswith(QUICK_SUFFIX):
+        name_or_path += QUICK_SUFFIX
+    path = toml_file(name_or_path, BUNDLED, "campaign")
     return parse(path.read_text(), str(path))
 
 

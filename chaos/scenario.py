@@ -207,13 +207,19 @@ def from_dict(data: dict[str, Any], where: str = "<scenario>") -> Scenario:
 
 def load(name_or_path: str) -> Scenario:
     """A bundled scenario by name (`kill-boundary`) or a TOML file by path."""
+    path = toml_file(name_or_path, BUNDLED, "scenario")
+    return parse(path.read_text(), str(path))
+
+
+def toml_file(name_or_path: str, bundled: Path, what: str) -> Path:
+    """A TOML file by path, or by the name of one bundled in `bundled`; a clear error otherwise."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
-        path = BUNDLED / f"{name_or_path}.toml"
+        path = bundled / f"{name_or_path}.toml"
     if not path.is_file():
-        raise ScenarioError(f"no scenario {name_or_path!r}: not a file, and not one of the bundled "
-                            f"{bundled_names()}")
-    return parse(path.read_text(), str(path))
+        raise ScenarioError(f"no {what} {name_or_path!r}: not a file, and not one of the bundled "
+                            f"{sorted(p.stem for p in bundled.glob('*.toml'))}")
+    return path
 
 
 def bundled_names() -> list[str]:

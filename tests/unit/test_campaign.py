@@ -13,30 +13,9 @@ from chaos.campaign_runner import MARKER, plan
 from chaos.scenario import ScenarioError
 from chaos.stats import summarize, t_quantile_975
 from chaos.summary import aggregate, fmt, run_metrics
+from tests.helpers.campaigns import TINY
 
 pytestmark = pytest.mark.timeout(60)
-
-TINY = """
-name = "tiny"
-experiment = "Tiny"
-description = "two ranks, a kill"
-seeds = [1, 2]
-[job]
-nproc = 2
-steps = 20
-global_batch = 8
-dataset = "synthetic:64"
-[[faults]]
-kind = "kill-boundary"
-slot = 1
-step = 5
-[[runs]]
-name = "reference"
-reference = true
-[[runs]]
-name = "kill"
-published = { goodput_delta_pct = -7.98, restarts = 2 }
-"""
 
 
 def test_summary_of_four_values_matches_the_hand_computation() -> None:
@@ -107,7 +86,7 @@ def test_aggregate_over_seeds_from_finished_run_directories(tmp_path: Path) -> N
     assert kill["metrics"]["pass_rate"]["mean"] == 0.5
     assert kill["metrics"]["recovery_s"]["values"] == [pytest.approx(0.2), pytest.approx(0.5)]
     assert sorted(kill["recoveries_s"]) == [0.1, 0.3, 0.5]
-    assert kill["published"] == {"goodput_delta_pct": -7.98, "restarts": 2.0}
+    assert kill["published"] == {"goodput_delta_pct": -7.98, "restarts": 1.0}
     assert kill["seeds"] == [1, 2]
 
 
@@ -129,12 +108,12 @@ def test_a_finished_run_made_with_another_configuration_is_refused(tmp_path: Pat
     (lambda t: t.replace('name = "kill"', 'name = "reference"'), "run names must be unique"),
     (lambda t: t.replace("goodput_delta_pct", "goodput_drop"), r"unknown key\(s\) \['goodput_drop'\]"),
     (lambda t: t.replace("seeds = [1, 2]", "seeds = []"), "seeds = \\[\\]: must be a non-empty list"),
-    (lambda t: t.replace("steps = 20", "stepz = 20"), r"\[\[runs\]\] 'reference' \(seed 1\) \[job\]: unknown key"),
+    (lambda t: t.replace("steps = 14", "stepz = 14"), r"\[\[runs\]\] 'reference' \(seed 1\) \[job\]: unknown key"),
     (lambda t: t.replace("step = 5", "step = 50"), "step = 50 is beyond the run"),
     (lambda t: t.replace('name = "kill"', 'name = "Kill Run"'), "must be lower-case"),
     (lambda t: t + "\n[[runs]]\nname = 'x'\njob = { model = 'vgg' }\n", "model = 'vgg'"),
     (lambda t: t.replace("[[runs]]", "[[runz]]", 1), "unknown key"),
-    (lambda t: t.replace('experiment = "Tiny"', "experiment = ["), "not valid TOML"),
+    (lambda t: t.replace('experiment = "Tiny', "experiment = [", 1), "not valid TOML"),
 ])
 def test_malformed_campaigns_name_the_key_and_the_fix(edit, message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
