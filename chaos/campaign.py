@@ -41,7 +41,7 @@ METRICS: dict[str, str] = {
     "pass_rate": "correctness pass rate",
     "goodput": "goodput (steps/s)",
     "goodput_delta_pct": "goodput vs reference (%)",
-    "restarts": "restarts (a slot's process or the whole job)",
+    "restarts": "restarts (slot or whole job)",
     "in_process_restarts": "in-process restarts",
     "replayed_steps": "replayed steps",
     "recovery_s": "recovery time (s, mean per fault)",

@@ -26,6 +26,7 @@ def headline(run: dict[str, Any]) -> tuple[str, ...]:
     """The headline metrics of a run; the reference has nothing to differ from."""
     return ("pass_rate", "goodput", "restarts") if run["reference"] else HEADLINE
 
+
 _DIGITS = {"pass_rate": 2, "goodput": 3, "goodput_delta_pct": 2, "restarts": 2, "in_process_restarts": 2,
            "replayed_steps": 1, "recovery_s": 3, "ckpt_stall_s": 3, "param_l2": 4, "loss_abs_diff_auc": 4,
            "loss_max_diff": 4}
