@@ -12,6 +12,7 @@ from pathlib import Path
 
 from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.scenario import JobSpec
+from ftcoord.supervisor import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
 
 
@@ -50,8 +51,7 @@ class Launchers:
                     "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                     PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out),
                     # The "nodes" share this machine: split its cores over all ranks, not per launcher.
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                      str(max(1, (os.cpu_count() or 1) // job.nproc)))}
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))}
         if crash:
             self.env[CRASH_ENV] = crash
         self.output = output.open("ab")

@@ -8,7 +8,7 @@ from typing import Any
 
 from chaos.metrics import divergence, fault_timings, goodput, loss_curve, read_logs
 from chaos.scenario import Scenario, parse
-from chaos.verify import verify_ledger
+from chaos.verify import REFERENCE_MISMATCH, verify_ledger
 from training.data import make_dataset
 from training.ledger import read_ledgers
 from training.sampler import ResumableGlobalBatchSampler
@@ -55,7 +55,7 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
     rounding = (verdict.bit_identical is False and job.nproc >= 3 and drift["param_l2_relative"] is not None
                 and drift["param_l2_relative"] < ROUNDING_RELATIVE_L2)
     if rounding:
-        problems = [p for p in problems if "differ from the fault-free reference" not in p]
+        problems = [p for p in problems if REFERENCE_MISMATCH not in p]
     passed = completed and not problems and (verdict.bit_identical is not False or rounding)
     return {
         "scenario": scenario.name,

@@ -32,11 +32,16 @@ _DIGITS = {"pass_rate": 2, "goodput": 3, "goodput_delta_pct": 2, "restarts": 2, 
            "loss_max_diff": 4}
 
 
+def recoveries(report: dict[str, Any]) -> list[float]:
+    """Recovery time of every fault of a run that recovered."""
+    return [f["recover_s"] for f in report["faults"] if f.get("recover_s") is not None]
+
+
 def run_metrics(report: dict[str, Any]) -> dict[str, float | None]:
     """The campaign's metrics of one finished run, from its report.json."""
     good = report["goodput"]
     ratio = good.get("ratio")
-    recoveries = [f["recover_s"] for f in report["faults"] if f.get("recover_s") is not None]
+    recovered = recoveries(report)
     divergence = report["divergence"]
     return {
         "pass_rate": 1.0 if report["verdict"] == "pass" else 0.0,
@@ -45,7 +50,7 @@ def run_metrics(report: dict[str, Any]) -> dict[str, float | None]:
         "restarts": report["restarts"],
         "in_process_restarts": report["in_process_restarts"],
         "replayed_steps": report["replayed_steps"],
-        "recovery_s": sum(recoveries) / len(recoveries) if recoveries else None,
+        "recovery_s": sum(recovered) / len(recovered) if recovered else None,
         "ckpt_stall_s": report["checkpoint"]["stall_s_total"],
         "param_l2": divergence.get("param_l2"),
         "loss_abs_diff_auc": divergence.get("loss_abs_diff_auc"),
@@ -64,13 +69,14 @@ def aggregate(planned: list[PlannedRun]) -> list[dict[str, Any]]:
         runs = []
         for run in [r for r in campaign.runs if any(p.run.name == r.name for p in mine)]:  # --runs may skip some
             done = [p for p in mine if p.run.name == run.name and p.finished()]
-            per_seed = {p.seed: run_metrics(p.report()) for p in done}
-            recoveries = [f["recover_s"] for p in done for f in p.report()["faults"] if f.get("recover_s") is not None]
+            reports = {p.seed: p.report() for p in done}
+            per_seed = {seed: run_metrics(report) for seed, report in reports.items()}
             metrics = {name: summarize([m[name] for m in per_seed.values()]).to_dict() for name in METRICS}
             runs.append({"name": run.name, "reference": run.reference, "seeds": sorted(per_seed),
                          "planned_seeds": sorted({p.seed for p in mine if p.run.name == run.name}),
                          "per_seed": {str(seed): values for seed, values in sorted(per_seed.items())},
-                         "recoveries_s": recoveries, "metrics": metrics, "published": run.published,
+                         "recoveries_s": [r for report in reports.values() for r in recoveries(report)],
+                         "metrics": metrics, "published": run.published,
                          "published_note": run.published_note,
                          "directories": [str(p.directory) for p in done]})
         dataset = mine[0].scenario.job.dataset

@@ -16,6 +16,10 @@ from typing import Any
 
 from training.sampler import ResumableGlobalBatchSampler, ids_hash
 
+REFERENCE_MISMATCH = "differ from the fault-free reference"
+"""Words of the problem raised when the final digest differs from the reference's (the report may set
+it aside as rounding)."""
+
 
 @dataclass
 class Verdict:
@@ -131,7 +135,7 @@ def _check_final(verdict: Verdict, records: list[dict[str, Any]], reference_dige
     if len(verdict.world_sizes) == 1 and verdict.world_sizes[0] == reference_world_size:
         verdict.bit_identical = verdict.final_digests == [reference_digest]
         if not verdict.bit_identical:
-            verdict.problems.append(f"final parameters {verdict.final_digests} differ from the fault-free "
-                                    f"reference {reference_digest} at the same world size")
+            verdict.problems.append(f"final parameters {verdict.final_digests} {REFERENCE_MISMATCH} "
+                                    f"{reference_digest} at the same world size")
     else:
         verdict.bit_identical = None  # the world size changed: divergence is expected, and reported
