@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from chaos.campaign import Campaign, CampaignRun, fingerprint
-from chaos.reference import summarize_reference
+from chaos.metrics import goodput
+from chaos.reference import ReferenceUnusable, summarize_reference
 from chaos.report import build_report, write_report
 from chaos.run import RUN_TIMEOUT_S, ChaosRunner
 from chaos.scenario import Scenario, ScenarioError, to_toml
+from training.ledger import read_ledgers
 
 MARKER = "campaign-run.json"
 REFERENCE_SUMMARY = "reference.json"
@@ -110,11 +112,15 @@ class CampaignRunner:
         (directory / "scenario.toml").write_text(to_toml(scenario))
         ref_dir = planned.reference_dir
         if planned.run.reference:
-            ref = summarize_reference(directory, scenario, result.wall_s)
+            try:
+                ref = summarize_reference(directory, scenario, result.wall_s)
+            except ReferenceUnusable as exc:  # every run of this seed then fails its model check, saying why
+                ref = {"unusable": str(exc), "steps_per_s": goodput(read_ledgers(directory / "logs"),
+                                                                     scenario.job.steps)}
             (directory / REFERENCE_SUMMARY).write_text(json.dumps(ref, indent=1))
         else:
             ref = json.loads((ref_dir / REFERENCE_SUMMARY).read_text())
-        report = build_report(directory, scenario, ref_dir, ref, result.completed, result.error)
+        report = build_report(directory, scenario, ref_dir, ref)
         report["wall_s"] = round(result.wall_s, 2)
         report["campaign"] = {"name": planned.campaign.name, "run": planned.run.name, "seed": planned.seed,
                               "reference": planned.run.reference, "reference_dir": str(ref_dir)}

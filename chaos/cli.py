@@ -21,12 +21,15 @@ from typing import Any
 
 from chaos.campaign import bundled_names as campaign_names
 from chaos.campaign import load as load_campaign
+from chaos.reference import ReferenceUnusable
 from chaos.scenario import ScenarioError, bundled_names, load
 
 
 def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from chaos.report import model_line
 
     console = Console(stderr=False)
     c, g = report["correctness"], report["goodput"]
@@ -37,10 +40,7 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     table.add_row("steps committed", f"{c['committed_steps']} / {report['steps']}")
     table.add_row("duplicates / missing / extra", f"{c['duplicates']} / {c['missing']} / {c['extra']}"
                   f"  ({c['epochs_checked']} full epochs checked)")
-    table.add_row("bit-identical to reference", str(c["bit_identical"]) + (
-        "  (world size changed: see divergence)" if c["bit_identical"] is None else "") + (
-        f"  (equal within float rounding: relative L2 {report['divergence']['param_l2_relative']})"
-        if c.get("equal_within_rounding") else ""))
+    table.add_row("model check", model_line(report["model_check"]))
     table.add_row("world sizes", str(report["world_sizes"]))
     table.add_row("goodput", f"{g['steps_per_s']} steps/s vs {g['reference_steps_per_s']} (ratio {g['ratio']})")
     table.add_row("restarts (process or job / in-process)", f"{report['restarts']} / {report['in_process_restarts']}")
@@ -70,7 +70,7 @@ def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
     ref_dir, ref = ensure_reference(scenario, quiet=quiet)
     result = ChaosRunner(scenario, out, quiet=quiet).run()
     (out / "scenario.toml").write_text(Path(scenario.path).read_text())
-    report = build_report(out, scenario, ref_dir, ref, result.completed, result.error)
+    report = build_report(out, scenario, ref_dir, ref)
     report["wall_s"] = round(result.wall_s, 2)
     write_report(out, report, ref_dir)
     return report
@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, FileNotFoundError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
+    except ReferenceUnusable as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 1
     return 2
 
 

@@ -6,6 +6,7 @@ the optimizer step (mid-step). The plan comes from the environment as JSON, so t
 command line runs with or without faults; each fault fires once (a marker file says so).
 
     FTCOORD_FAULT_PLAN='[{"kind": "exit", "point": "at_boundary", "slot": 1, "step": 20}]'
+    FTCOORD_FAULT_PLAN='[{"kind": "exit", "point": "at_boundary", "rank": 1, "step": 20}]'  (whoever holds rank 1)
     python -m training ... --hook chaos.inject:hook
 """
 
@@ -32,13 +33,22 @@ class PlannedFault:
     kind: str
     """exit: os._exit(137); raise: an exception; stall: stop making progress; sigterm: preempt the job."""
     point: str
-    slot: int
     step: int
+    slot: int | None = None
+    rank: int | None = None
+    """Aim at whoever holds this rank at that step (instead of a slot)."""
     name: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.slot is None) == (self.rank is None):
+            raise ValueError(f"planned fault {self}: give exactly one of slot and rank")
 
     def marker(self) -> Path:
         directory = Path(os.environ.get(MARKER_DIR_ENV, "/tmp"))
-        return directory / f"fault-{self.name or self.kind}-{self.slot}-{self.point}-{self.step}"
+        return directory / marker_name(self.name or self.kind, self.slot, self.rank, self.point, self.step)
+
+    def targets(self, ctx: StepContext) -> bool:
+        return ctx.slot == self.slot if self.rank is None else ctx.rank == self.rank
 
 
 class FaultHook:
@@ -47,13 +57,13 @@ class FaultHook:
 
     def _fire(self, point: str, ctx: StepContext) -> None:
         for fault in self.plan:
-            if fault.point != point or fault.slot != ctx.slot or fault.step != ctx.step:
+            if fault.point != point or fault.step != ctx.step or not fault.targets(ctx):
                 continue
             try:
                 fd = os.open(fault.marker(), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
                 continue  # fired already (this process is a replacement)
-            os.write(fd, json.dumps({"mono": time.monotonic(), "ts": time.time(), "pid": os.getpid(),
+            os.write(fd, json.dumps({"mono": time.monotonic(), "ts": time.time(), "pid": os.getpid(), "slot": ctx.slot,
                                      "generation": ctx.generation, "rank": ctx.rank}).encode())
             os.close(fd)
             if fault.kind == "exit":
@@ -70,6 +80,12 @@ class FaultHook:
 
     def after_backward(self, ctx: StepContext) -> None:
         self._fire("after_backward", ctx)
+
+
+def marker_name(name: str, slot: int | None, rank: int | None, point: str, step: int) -> str:
+    """The file a fault leaves when it fires (it fires once: a replacement finds it)."""
+    target = f"r{rank}" if rank is not None else str(slot)
+    return f"fault-{name}-{target}-{point}-{step}"
 
 
 def parse_plan(text: str) -> list[PlannedFault]:

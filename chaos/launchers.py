@@ -14,6 +14,7 @@ from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.scenario import JobSpec
 from ftcoord.supervisor import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
+from training.planted import PLANTED_BUG_ENV
 
 
 def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
@@ -21,7 +22,7 @@ def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
     args = ["--steps", str(job.steps), "--global-batch", str(job.global_batch), "--model", job.model,
             "--dataset", job.dataset, "--seed", str(job.seed), "--lr", str(job.lr), "--optimizer", job.optimizer,
             "--step-time", str(job.step_time), "--sample-time", str(job.sample_time),
-            "--min-world-size", str(job.min_world_size),
+            "--min-world-size", str(job.min_world_size), "--grad-reduction", job.grad_reduction,
             "--heartbeat-interval", str(job.heartbeat_interval), "--heartbeat-timeout", str(job.heartbeat_timeout),
             "--join-timeout", str(job.join_timeout), "--pg-timeout", str(job.pg_timeout),
             "--hook", "chaos.inject:hook"]
@@ -44,7 +45,7 @@ class Launchers:
     """The launchers of one run: start, preempt (SIGTERM), lose (SIGKILL everything) and restart."""
 
     def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
-                 output: Path) -> None:
+                 output: Path, reference: bool = False) -> None:
         self.job, self.store, self.job_id, self.out = job, store, job_id, out
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
         self.env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
@@ -54,6 +55,8 @@ class Launchers:
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))}
         if crash:
             self.env[CRASH_ENV] = crash
+        if reference:
+            self.env.pop(PLANTED_BUG_ENV, None)  # a reference is what a correct run makes: never a planted bug
         self.output = output.open("ab")
 
     def command(self, node: Node) -> list[str]:

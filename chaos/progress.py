@@ -23,26 +23,56 @@ class LedgerTail:
     pid_of_slot: dict[int, int] = field(default_factory=dict)
     generation_at: list[tuple[float, int]] = field(default_factory=list)
     """(mono, generation) of every step line, to know what ran when a fault hit."""
+    _pid_seen_at: dict[int, float] = field(default_factory=dict)
+    members_of: dict[int, list[int]] = field(default_factory=dict)
+    """generation -> its members (slots in rank order), from the ranks' generation lines."""
+
+    def _read_new(self, path: Path) -> list[bytes]:
+        offset = self.offsets.get(path, 0)
+        with path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offsets[path] = offset + len(complete)
+        return complete.splitlines()
 
     def poll(self) -> list[dict[str, Any]]:
         new: list[dict[str, Any]] = []
         for path in sorted(self.directory.glob("ledger-*.jsonl")):
-            offset = self.offsets.get(path, 0)
-            with path.open("rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self.offsets[path] = offset + len(complete)
-            for line in complete.splitlines():
-                new.append(json.loads(line))
+            new += [json.loads(line) for line in self._read_new(path)]
+        for path in sorted(self.directory.glob("launcher*.jsonl")):
+            # The launcher names each slot's new process at once, before it trains (or logs) anything.
+            for line in self._read_new(path):
+                if b'"child_started"' in line:
+                    event = json.loads(line)
+                    self._saw_pid(event["slot"], event["pid"], event["mono"])
         for record in sorted(new, key=lambda r: r["mono"]):
-            self.pid_of_slot[record["slot"]] = record["pid"]
+            self._saw_pid(record["slot"], record["pid"], record["mono"])
+            if record["kind"] == "generation":
+                self.members_of[record["generation"]] = list(record["members"])
             if record["kind"] == "step":
                 self.step = max(self.step, record["step"])
                 if record["generation"] >= self.generation:
                     self.generation, self.world_size = record["generation"], record["world_size"]
                 self.generation_at.append((record["mono"], record["generation"]))
         return new
+
+    def _saw_pid(self, slot: int, pid: int, mono: float) -> None:
+        """The newest process seen for a slot (a dead one's late lines do not bring it back)."""
+        if mono >= self._pid_seen_at.get(slot, float("-inf")):
+            self.pid_of_slot[slot] = pid
+            self._pid_seen_at[slot] = mono
+
+    def slot_of_rank(self, rank: int) -> int | None:
+        """The slot holding `rank` in the newest generation that has started."""
+        if not self.members_of:
+            return None
+        members = self.members_of[max(self.members_of)]
+        return members[rank] if rank < len(members) else None
+
+    def is_member(self, slot: int) -> bool | None:
+        """Whether `slot` trains in the newest generation (None before any started)."""
+        return slot in self.members_of[max(self.members_of)] if self.members_of else None
 
     def committed(self) -> int:
         return self.step + 1

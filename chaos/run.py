@@ -12,19 +12,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.inject import marker_name
 from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
-from chaos.scenario import Fault, Scenario
+from chaos.scenario import RANK_KINDS, Fault, Scenario
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.log import get_logger
+from ftcoord.store import get_or_none
 
 RUN_TIMEOUT_S = 900.0
+FIRE_RETRY_S = 10.0
+"""A fault whose target has no live process yet (its replacement is starting) is retried this long."""
+OUTCOME = "outcome.json"
 
 
 @dataclass
 class FaultEvent:
     """A fault as it happened: when (monotonic, this host), to whom, in which generation."""
 
+    index: int
+    """Its position in the scenario's fault list."""
     kind: str
     slot: int
     step: int
@@ -33,6 +40,12 @@ class FaultEvent:
     generation: int = 0
     label: str = ""
     note: str = ""
+    fired: bool = True
+    """False when it never reached a live process (`note` says why)."""
+    rank: int | None = None
+    """The rank it was aimed at (None: aimed at a slot)."""
+    member: bool | None = None
+    """Whether the slot it hit was training (a member of the running generation) or a hot spare."""
 
 
 @dataclass
@@ -44,6 +57,7 @@ class RunResult:
     faults: list[FaultEvent] = field(default_factory=list)
     completed: bool = False
     error: str | None = None
+    timed_out: bool = False
 
 
 class ChaosRunner:
@@ -54,7 +68,7 @@ class ChaosRunner:
         self.scenario = scenario
         self.title = title or (scenario.name if with_faults else f"{scenario.name} (reference)")
         self.out = out
-        self.faults = list(scenario.faults) if with_faults else []
+        self.faults = list(enumerate(scenario.faults)) if with_faults else []
         self.quiet = quiet
         self.timeout_s = timeout_s
         self.log = get_logger(component="chaos", scenario=scenario.name)
@@ -67,13 +81,13 @@ class ChaosRunner:
     # -- setup ----------------------------------------------------------------------
 
     def _plan(self) -> list[dict[str, Any]]:
-        """In-rank faults become the training hook's plan."""
+        """In-rank faults become the training hook's plan (named by their index: one marker each)."""
         points = {"kill-boundary": "at_boundary", "kill-midstep": "after_backward"}
-        return [{"kind": "exit", "point": points[f.kind], "slot": f.slot, "step": f.step,
-                 "name": f.label or f.kind} for f in self.faults if f.in_rank]
+        return [{"kind": "exit", "point": points[f.kind], "step": f.step, "name": f"fault{i}",
+                 **({"rank": f.rank} if f.rank is not None else {"slot": f.slot})} for i, f in self.faults if f.in_rank]
 
     def _crash_spec(self) -> str | None:
-        crashes = [f for f in self.faults if f.kind == "ckpt-crash"]
+        crashes = [f for _, f in self.faults if f.kind == "ckpt-crash"]
         return f"kill:{self._crash_marker}:{crashes[0].step}" if crashes else None
 
     # -- the run --------------------------------------------------------------------
@@ -86,11 +100,12 @@ class ChaosRunner:
         job_id = f"chaos-{self.scenario.name}-{uuid.uuid4().hex[:8]}"
         self.store = job_store(connect(server.address), job_id)
         launchers = Launchers(self.scenario.job, server.address, job_id, self.out, self._plan(), self._crash_spec(),
-                              self.out / "launchers.out")
+                              self.out / "launchers.out", reference=not self.faults)
         tail = LedgerTail(self.out / "logs")
         display = ProgressDisplay(self.title, self.scenario.job.steps, len(self.faults), quiet=self.quiet)
-        pending = [f for f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
-        crash = next((f for f in self.faults if f.kind == "ckpt-crash"), None)
+        pending = [(i, f) for i, f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
+        crash = next(((i, f) for i, f in self.faults if f.kind == "ckpt-crash"), None)
+        retrying: dict[int, float] = {}  # fault index -> when it first found no live target
         started = time.monotonic()
         codes: list[dict[int, int | None]] = []
         result = RunResult(self.out, job_id, 0.0, codes)
@@ -100,14 +115,15 @@ class ChaosRunner:
                 tail.poll()
                 self._note_in_rank_faults(tail)
                 now = time.monotonic()
-                for fault in [f for f in pending if tail.committed() >= f.step]:
-                    pending.remove(fault)
-                    self._inject(fault, tail, launchers)
+                for index, fault in [(i, f) for i, f in pending if tail.committed() >= f.step]:
+                    give_up = now - retrying.setdefault(index, now) > FIRE_RETRY_S
+                    if self._inject(index, fault, tail, launchers, give_up) or give_up:
+                        pending.remove((index, fault))
                 self._resume_stopped(now)
                 if crash is not None and self._crash_marker.exists():
                     # Rank 0 died inside a checkpoint write (planted in the commit); now the
                     # whole job is lost, so the relaunch must resume from disk.
-                    self._record(crash, tail, None, note="rank 0 died mid-write; whole job killed")
+                    self._record(*crash, tail, None, note="rank 0 died mid-write; whole job killed")
                     crash = None
                     launchers.kill_all()
                     self._relaunch_at = now
@@ -122,6 +138,7 @@ class ChaosRunner:
                     break
                 if now - started > self.timeout_s:
                     result.error = f"the run did not finish within {self.timeout_s:.0f}s"
+                    result.timed_out = True
                     break
                 time.sleep(0.02)
         finally:
@@ -140,62 +157,83 @@ class ChaosRunner:
         if not result.completed and result.error is None:
             result.error = f"launchers exited with {final}; see {self.out / 'launchers.out'}"
         (self.out / "faults.jsonl").write_text("".join(json.dumps(e.__dict__) + "\n" for e in result.faults))
+        (self.out / OUTCOME).write_text(json.dumps(
+            {"completed": result.completed, "error": result.error, "timed_out": result.timed_out,
+             "launcher_codes": [{str(k): v for k, v in c.items()} for c in codes], "lost_nodes": sorted(self._lost),
+             "wall_s": round(result.wall_s, 3), "with_faults": bool(self.faults)}, indent=1))
         return result
 
     # -- faults -------------------------------------------------------------------------
 
-    def _record(self, fault: Fault, tail: LedgerTail, pid: int | None, note: str = "",
-                mono: float | None = None) -> None:
+    def _record(self, index: int, fault: Fault, tail: LedgerTail, pid: int | None, note: str = "",
+                mono: float | None = None, fired: bool = True, slot: int | None = None) -> None:
         when = time.monotonic() if mono is None else mono
-        event = FaultEvent(fault.kind, fault.slot, fault.step, when, pid, tail.generation_before(when),
-                           fault.label, note)
+        hit = fault.slot if slot is None else slot
+        member = tail.is_member(hit) if fault.kind in RANK_KINDS else None
+        event = FaultEvent(index, fault.kind, hit, fault.step, when, pid, tail.generation_before(when), fault.label,
+                           note, fired, fault.rank, member)
         self.events.append(event)
         self.log.info("fault_injected", **event.__dict__)
 
     def _note_in_rank_faults(self, tail: LedgerTail) -> None:
         """In-rank faults leave a marker file with the time they fired."""
-        for fault in self.faults:
-            if not fault.in_rank or any(e.label == (fault.label or fault.kind) and e.step == fault.step
-                                         and e.slot == fault.slot for e in self.events):
+        for index, fault in self.faults:
+            if not fault.in_rank or any(e.index == index for e in self.events):
                 continue
             point = "at_boundary" if fault.kind == "kill-boundary" else "after_backward"
-            marker = self.out / f"fault-{fault.label or fault.kind}-{fault.slot}-{point}-{fault.step}"
+            rank_or_slot = (None, fault.rank) if fault.rank is not None else (fault.slot, None)
+            marker = self.out / marker_name(f"fault{index}", *rank_or_slot, point, fault.step)
             if marker.exists() and marker.stat().st_size:
                 fired = json.loads(marker.read_text())
-                labelled = Fault(fault.kind, fault.slot, fault.step, fault.duration, fault.label or fault.kind)
-                self._record(labelled, tail, fired["pid"], mono=fired["mono"])
+                self._record(index, fault, tail, fired["pid"], mono=fired["mono"], slot=fired.get("slot"))
 
-    def _inject(self, fault: Fault, tail: LedgerTail, launchers: Launchers) -> None:
+    def _inject(self, index: int, fault: Fault, tail: LedgerTail, launchers: Launchers, give_up: bool) -> bool:
+        """Inject one outside fault; False when its target has no live process (yet)."""
         kind = fault.kind
-        if kind in ("kill", "early-restart"):
-            pid = tail.pid_of_slot.get(fault.slot)
-            self._record(fault, tail, pid)
-            _signal(pid, signal.SIGKILL)
-        elif kind == "kill-leader":
-            slot = int(self.store.get("leader").decode().split(":")[1])
-            pid = tail.pid_of_slot.get(slot)
-            self._record(Fault(kind, slot, fault.step, label=fault.label), tail, pid)
-            _signal(pid, signal.SIGKILL)
-        elif kind == "hang":
-            pid = tail.pid_of_slot.get(fault.slot)
-            self._record(fault, tail, pid)
-            _signal(pid, signal.SIGSTOP)
-            if pid is not None:
+        if kind in ("kill", "early-restart", "hang", "kill-leader"):
+            slot: int | None = fault.slot
+            if kind == "kill-leader":
+                holder = get_or_none(self.store, "leader")
+                parts = holder.decode().split(":") if holder else []
+                slot = int(parts[1]) if len(parts) == 3 else None
+            elif fault.rank is not None:
+                slot = tail.slot_of_rank(fault.rank)
+            pid = tail.pid_of_slot.get(slot) if slot is not None else None
+            signum = signal.SIGSTOP if kind == "hang" else signal.SIGKILL
+            if not _signal(pid, signum):
+                if give_up:
+                    why = (f"slot {slot} had no live process (pid {pid})" if slot is not None else
+                           "no process led" if kind == "kill-leader" else f"no process held rank {fault.rank}")
+                    self._record(index, fault, tail, pid, note=f"{why} for {FIRE_RETRY_S:.0f}s", fired=False,
+                                 slot=slot)
+                return False
+            self._record(index, fault, tail, pid, slot=slot)
+            if kind == "hang":
                 self._pending_conts.append((time.monotonic() + fault.duration, pid))
         elif kind == "preempt":
-            self._record(fault, tail, None)
+            if not launchers.running():
+                self._record(index, fault, tail, None, note="no launcher was running", fired=False)
+                return True
+            self._record(index, fault, tail, None)
             launchers.terminate_all()
             self._relaunch_at = time.monotonic()  # as soon as every launcher has exited
         elif kind == "lose":
             node = launchers.node_of(fault.slot)
-            self._record(fault, tail, node.process.pid if node.process else None, note=f"node {node.index}")
+            if node.process is None or node.process.poll() is not None:
+                self._record(index, fault, tail, None, note=f"node {node.index} was not running", fired=False)
+                return True
+            self._record(index, fault, tail, node.process.pid, note=f"node {node.index}")
             launchers.kill(node)
             self._lost.add(node.index)
         elif kind == "replace":
             node = launchers.node_of(fault.slot)
-            self._record(fault, tail, None, note=f"node {node.index}")
+            if node.process is not None and node.process.poll() is None:
+                self._record(index, fault, tail, None, note=f"node {node.index} was still running", fired=False)
+                return True
+            self._record(index, fault, tail, None, note=f"node {node.index}")
             launchers.start(node)
             self._lost.discard(node.index)
+        return True
 
     def _resume_stopped(self, now: float) -> None:
         for due, pid in list(self._pending_conts):
@@ -212,10 +250,20 @@ def _remove_flash_images(job_id: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _signal(pid: int | None, signum: int) -> None:
-    if pid is None:
-        return
+def _signal(pid: int | None, signum: int) -> bool:
+    """Send a signal; True when it reached a live process (a zombie, dead but not yet reaped, is not)."""
+    if pid is None or not _alive_not_zombie(pid):
+        return False
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
-        pass
+        return False
+    return True
+
+
+def _alive_not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

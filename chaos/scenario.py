@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ftcoord.errors import FatalError
-from training.config import STRATEGIES, TrainConfig
+from training.config import GRAD_REDUCTIONS, STRATEGIES, TrainConfig
 from training.models import MODELS
 
 BUNDLED = Path(__file__).parent / "scenarios"
@@ -36,6 +36,8 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep")
 OUTSIDE_KINDS = ("kill", "kill-leader", "hang", "preempt", "ckpt-crash", "lose", "replace", "early-restart")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang")
+# Kinds that may aim at a rank ("whoever holds rank r at that step") instead of a slot.
+RANK_KINDS = ("kill-boundary", "kill-midstep", "kill", "hang", "early-restart")
 
 
 class ScenarioError(FatalError, ValueError):
@@ -68,6 +70,7 @@ class JobSpec:
     join_timeout: float = 3.0
     progress_timeout: float | None = None
     pg_timeout: float = 60.0
+    grad_reduction: str = TrainConfig.grad_reduction
 
     def trajectory_key(self) -> str:
         """What a fault-free reference run depends on: not faults, and not how processes are
@@ -82,6 +85,13 @@ class JobSpec:
         return [list(n) for n in self.nodes] if self.nodes else [list(range(self.nproc))]
 
 
+def training_config(job: JobSpec) -> TrainConfig:
+    """The training configuration every rank of this job runs (what its config hash must be)."""
+    return TrainConfig(steps=job.steps, global_batch=job.global_batch, model=job.model, dataset=job.dataset,
+                       seed=job.seed, lr=job.lr, optimizer=job.optimizer, grad_reduction=job.grad_reduction,
+                       min_world_size=job.min_world_size, ckpt_strategy="none")
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str
@@ -90,6 +100,9 @@ class Fault:
     duration: float = 0.0
     """hang: seconds stopped before SIGCONT; lose: unused."""
     label: str = ""
+    rank: int | None = None
+    """Aim at whoever holds this rank when the fault fires, not at a slot (a slot may be a hot
+    spare at that moment, or a replacement still starting)."""
 
     @property
     def in_rank(self) -> bool:
@@ -135,6 +148,9 @@ def _job(table: dict[str, Any], where: str) -> JobSpec:
         raise ScenarioError(f"{where} [job] model = {job.model!r}: choose one of {list(MODELS)}")
     if job.ckpt_strategy not in STRATEGIES:
         raise ScenarioError(f"{where} [job] ckpt_strategy = {job.ckpt_strategy!r}: choose one of {list(STRATEGIES)}")
+    if job.grad_reduction not in GRAD_REDUCTIONS:
+        raise ScenarioError(f"{where} [job] grad_reduction = {job.grad_reduction!r}: choose one of "
+                            f"{list(GRAD_REDUCTIONS)}")
     if job.restart_policy not in ("slot", "job"):
         raise ScenarioError(f"{where} [job] restart_policy = {job.restart_policy!r}: choose slot or job")
     if job.nodes:
@@ -153,6 +169,13 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
     if fault.kind not in KINDS:
         raise ScenarioError(f"{where}: unknown fault kind {fault.kind!r}; allowed: {list(KINDS)}")
     slots = job.nproc + job.spares
+    if fault.rank is not None:
+        if fault.kind not in RANK_KINDS:
+            raise ScenarioError(f"{where}: {fault.kind} cannot aim at a rank; rank works with {list(RANK_KINDS)}")
+        if "slot" in table:
+            raise ScenarioError(f"{where}: give slot or rank, not both")
+        if not isinstance(fault.rank, int) or not 0 <= fault.rank < job.nproc:
+            raise ScenarioError(f"{where}: rank = {fault.rank!r} is beyond the job (ranks 0..{job.nproc - 1})")
     if not 0 <= fault.slot < slots and fault.kind not in ("kill-leader", "preempt"):
         raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
     if not 0 <= fault.step < job.steps:
@@ -176,8 +199,9 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
             return tuple(faults)
         kind = rng.choice(RANDOM_KINDS)
         duration = 3 * job.heartbeat_timeout if kind == "hang" else 0.0
-        faults.append(Fault(kind=kind, slot=rng.randrange(job.nproc), step=int(step), duration=duration,
-                            label=f"random-{len(faults)}"))
+        target = rng.randrange(job.nproc)  # a rank: spares and replacements cannot make it miss
+        faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
+                            rank=target if kind in RANK_KINDS else None))
 
 
 def parse(text: str, where: str = "<scenario>") -> Scenario:
@@ -232,7 +256,9 @@ def to_toml(scenario: Scenario) -> str:
              "[job]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in asdict(scenario.job).items() if v is not None and v != ()]
     for fault in scenario.faults:
-        lines += ["", "[[faults]]"] + [f"{k} = {_toml_value(v)}" for k, v in asdict(fault).items()]
+        values = {k: v for k, v in asdict(fault).items()
+                  if v is not None and not (k == "slot" and fault.rank is not None)}
+        lines += ["", "[[faults]]"] + [f"{k} = {_toml_value(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,11 +1,21 @@
-"""The verifier: proves from the step ledger that every sample was trained exactly once.
+"""The verifier's ledger checks: every sample trained exactly once, and the evidence is complete.
 
-For each step it takes the records of the highest generation that committed it (a replay
-after a resume supersedes the earlier commit), checks the global window against the
-sampler's expected window and each logged shard against the expected shard of its rank,
-and counts per epoch: duplicates, missing and extra samples. A committed step trained the
-whole window (the gradient all-reduce that let any rank commit included every rank), so
-shards of ranks that died before logging are the expected ones.
+What it compares with what:
+- each committed step's records (the highest generation that committed it: a replay after a
+  rollback supersedes the earlier commit) against `chaos.expected`, an expectation written from
+  the specification apart from the sampler: the ids that came back with each rank's batch, and a
+  digest of the bytes the batch fed the model, re-read from the dataset here;
+- the generation lines the ranks wrote when they started (world size, members, start step)
+  against the steps they committed: a re-committed step must follow a generation that started at
+  or before it (a rollback), and a generation's steps run contiguously from its start;
+- per epoch: duplicated, missing and extra samples.
+
+Missing evidence is a problem, never filled in: a member that wrote no generation line, a rank
+with no record for a step its generation committed, a torn ledger line. The one gap that a fault
+explains is the step a generation ended on: a collective that completed on one rank may have
+failed on another (a peer died inside it), so ranks that stopped one step short of the
+generation's last step are expected; their shard counts as trained, because the gradient
+all-reduce that let any rank commit included every rank's gradient.
 """
 
 from __future__ import annotations
@@ -14,11 +24,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training.sampler import ResumableGlobalBatchSampler, ids_hash
-
-REFERENCE_MISMATCH = "differ from the fault-free reference"
-"""Words of the problem raised when the final digest differs from the reference's (the report may set
-it aside as rounding)."""
+from chaos.expected import DataExpectation
+from training.ledger import LedgerScan
 
 
 @dataclass
@@ -31,88 +38,186 @@ class Verdict:
     epochs_checked: int = 0
     replayed_steps: int = 0
     world_sizes: list[int] = field(default_factory=list)
+    schedule: list[int] = field(default_factory=list)
+    """The world size that committed each step (what the model check replays)."""
     final_digests: list[str] = field(default_factory=list)
-    bit_identical: bool | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.problems and self.bit_identical is not False
+        return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
 
 
-def verify_ledger(records: list[dict[str, Any]], sampler: ResumableGlobalBatchSampler, steps: int,
-                  reference_digest: str | None = None, reference_world_size: int | None = None) -> Verdict:
-    """Check a run's ledger; `reference_*` enable the bit-identical check."""
+@dataclass
+class _Generation:
+    """What the ranks of one generation said when they started it."""
+
+    number: int
+    lines: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its generation line
+    steps: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # rank -> committed steps
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {line["world_size"] for line in self.lines.values()}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    @property
+    def start_step(self) -> int | None:
+        starts = {line["start_step"] for line in self.lines.values()}
+        return starts.pop() if len(starts) == 1 else None
+
+    @property
+    def members(self) -> list[int]:
+        for line in self.lines.values():
+            return list(line["members"])
+        return []
+
+    def committed(self) -> set[int]:
+        return set().union(*self.steps.values()) if self.steps else set()
+
+
+def verify_ledger(scan: LedgerScan, expect: DataExpectation, steps: int, dead_pids: set[int] | None = None,
+                  config_hash: str | None = None) -> Verdict:
+    """Check a run's ledger (see the module docstring).
+
+    Args:
+        dead_pids: processes known to have died abnormally (a torn last line of theirs is expected).
+        config_hash: the configuration the run must have trained (None: not checked here).
+    """
     verdict = Verdict(steps=steps)
+    verdict.problems += _torn_lines(scan, dead_pids or set())
+    generations: dict[int, _Generation] = {}
     commits: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for record in records:
-        if record["kind"] == "step":
+    for record in scan.records:
+        if record["kind"] == "generation":
+            gen = generations.setdefault(record["generation"], _Generation(record["generation"]))
+            if record["rank"] in gen.lines:
+                verdict.problems.append(f"generation {record['generation']}: rank {record['rank']} started it "
+                                        f"twice (slots {gen.lines[record['rank']]['slot']} and {record['slot']})")
+            gen.lines[record["rank"]] = record
+            if config_hash is not None and record.get("config_hash") != config_hash:
+                verdict.problems.append(f"generation {record['generation']}: rank {record['rank']} trained "
+                                        f"configuration {record.get('config_hash')}, the scenario's is {config_hash}")
+        elif record["kind"] == "step":
             commits[record["step"]][record["generation"]].append(record)
-    trained_by_epoch: dict[int, list[int]] = defaultdict(list)
-    sizes = []
+            generations.setdefault(record["generation"], _Generation(record["generation"]))
+            generations[record["generation"]].steps[record["rank"]].add(record["step"])
+    verdict.problems += _check_generations(generations)
+    trained: dict[int, list[int]] = defaultdict(list)
     for step in range(steps):
         if step not in commits:
             verdict.problems.append(f"step {step} was never committed (skipped)")
             continue
         verdict.committed += 1
         verdict.replayed_steps += len(commits[step]) - 1
-        generation = max(commits[step])
-        verdict.problems += _check_step(step, commits[step][generation], sampler, trained_by_epoch)
-        sizes.append(commits[step][generation][0]["world_size"])
+        number = max(commits[step])
+        gen = generations[number]
+        world = gen.world_size or commits[step][number][0]["world_size"]
+        verdict.schedule.append(world)
+        verdict.problems += _check_step(step, gen, world, commits[step][number], expect, trained)
     extra_steps = sorted(s for s in commits if s >= steps)
     if extra_steps:
         verdict.problems.append(f"steps beyond the run were committed: {extra_steps[:5]}")
-    verdict.world_sizes = sorted(set(sizes))
-    owed_steps: dict[int, int] = defaultdict(int)
-    for step in range(steps):
-        owed_steps[sampler.state(step).epoch] += 1
-    for epoch, count in sorted(owed_steps.items()):
-        _count_epoch(verdict, epoch, trained_by_epoch.get(epoch, []), count, sampler)
-    _check_final(verdict, records, reference_digest, reference_world_size, sizes[-1] if sizes else None)
+    verdict.world_sizes = sorted(set(verdict.schedule))
+    owed: Counter[int] = Counter(expect.epoch_of(step) for step in range(steps))
+    for epoch in sorted(owed):
+        _count_epoch(verdict, epoch, trained.get(epoch, []), owed[epoch], expect)
+    _check_final(verdict, scan.records)
     return verdict
 
 
-def _check_step(step: int, records: list[dict[str, Any]], sampler: ResumableGlobalBatchSampler,
-                trained_by_epoch: dict[int, list[int]]) -> list[str]:
+def _torn_lines(scan: LedgerScan, dead_pids: set[int]) -> list[str]:
     problems = []
-    world = records[0]["world_size"]
-    if any(r["world_size"] != world for r in records):
-        problems.append(f"step {step}: ranks disagree on the world size {sorted({r['world_size'] for r in records})}")
-    expected_window = sampler.window(step)
-    by_rank: dict[int, list[int]] = {}
-    for record in records:
-        if record["rank"] in by_rank:
-            problems.append(f"step {step}: rank {record['rank']} committed it twice in generation "
-                            f"{record['generation']}")
-        by_rank[record["rank"]] = list(record["shard_ids"])
-        if record["window_hash"] != ids_hash(expected_window):
-            problems.append(f"step {step}: rank {record['rank']} trained window {record['window_hash']}, "
-                            f"expected {ids_hash(expected_window)}")
-        expected = sampler.shard(step, record["rank"], world).tolist()
-        if record["shard_ids"] != expected:
-            problems.append(f"step {step}: rank {record['rank']} of {world} trained the wrong shard "
-                            f"({len(record['shard_ids'])} ids, first {record['shard_ids'][:3]}; expected "
-                            f"first {expected[:3]})")
-    epoch = sampler.state(step).epoch
-    for rank in range(world):
-        ids = by_rank.get(rank)
-        trained_by_epoch[epoch] += ids if ids is not None else sampler.shard(step, rank, world).tolist()
+    for torn in scan.torn:
+        if torn.last and torn.pid in dead_pids:
+            continue  # killed inside its write: the line was never committed
+        where = "its last line" if torn.last else "a line in the middle"
+        why = "and that process is not known to have died" if torn.last else "(only a death mid-write tears a line)"
+        problems.append(f"ledger {torn.path.name}: line {torn.line} is torn ({where}) {why}")
     return problems
 
 
-def _count_epoch(verdict: Verdict, epoch: int, ids: list[int], owed_steps: int,
-                 sampler: ResumableGlobalBatchSampler) -> None:
+def _check_generations(generations: dict[int, _Generation]) -> list[str]:
+    """Every generation that committed steps was started by each member, from a consistent state,
+    and committed its steps contiguously from its start (a replay follows a rollback)."""
+    problems = []
+    for number, gen in sorted(generations.items()):
+        committed = gen.committed()
+        if not committed:
+            continue
+        if not gen.lines:
+            problems.append(f"generation {number} committed steps {_span(committed)}, but no rank recorded "
+                            f"starting it (missing generation lines)")
+            continue
+        world, start = gen.world_size, gen.start_step
+        if world is None or start is None:
+            problems.append(f"generation {number}: its ranks disagree on the world size or start step "
+                            f"{sorted((r, s['world_size'], s['start_step']) for r, s in gen.lines.items())}")
+            continue
+        members = gen.members
+        for rank in range(world):
+            if rank not in gen.lines:
+                slot = members[rank] if rank < len(members) else "?"
+                problems.append(f"generation {number} committed steps {_span(committed)}, but rank {rank} "
+                                f"(slot {slot}) left no record of it (a missing or truncated ledger)")
+        if min(committed) < start:
+            problems.append(f"generation {number} started at step {start} but committed step {min(committed)}: "
+                            f"a replay that no rollback explains")
+        expected = set(range(start, max(committed) + 1))
+        if committed != expected:
+            problems.append(f"generation {number} started at step {start} and skipped steps "
+                            f"{_span(expected - committed)} of the steps it committed")
+    return problems
+
+
+def _check_step(step: int, gen: _Generation, world: int, records: list[dict[str, Any]], expect: DataExpectation,
+                trained: dict[int, list[int]]) -> list[str]:
+    problems = []
+    epoch = expect.epoch_of(step)
+    by_rank: dict[int, dict[str, Any]] = {}
+    for record in records:
+        rank = record["rank"]
+        if record["world_size"] != world:
+            problems.append(f"step {step}: rank {rank} recorded world size {record['world_size']}, its "
+                            f"generation {gen.number} has {world}")
+        if rank in by_rank:
+            problems.append(f"step {step}: rank {rank} committed it twice in generation {gen.number}")
+        by_rank[rank] = record
+    last_of_generation = step == max(gen.committed())
+    for rank in range(world):
+        expected = expect.shard(step, rank, world)
+        if expected is None:
+            problems.append(f"step {step}: world size {world} cannot split global batch {expect.global_batch}")
+            return problems
+        record = by_rank.get(rank)
+        if record is None:
+            if last_of_generation:
+                trained[epoch] += expected  # a peer died inside this step's collectives (module docstring)
+            else:
+                problems.append(f"step {step}: rank {rank} of generation {gen.number} left no record, yet the "
+                                f"generation went on past it (missing evidence)")
+            continue
+        ids = list(record["shard_ids"])
+        if ids != expected:
+            problems.append(f"step {step}: rank {rank} of {world} trained ids {_ids(ids)}, expected {_ids(expected)}")
+        elif record.get("batch_hash") != expect.batch_hash(ids):
+            problems.append(f"step {step}: rank {rank} fed the model other bytes than samples {_ids(ids)} hold "
+                            f"(batch digest {record.get('batch_hash')}, expected {expect.batch_hash(ids)})")
+        trained[epoch] += ids
+    return problems
+
+
+def _count_epoch(verdict: Verdict, epoch: int, ids: list[int], owed_steps: int, expect: DataExpectation) -> None:
     """Compare what an epoch trained with what it owed (all of it, or the steps the run reached)."""
-    everything = sampler.permutation(epoch)[: sampler.steps_per_epoch * sampler.global_batch].tolist()
-    owed = set(everything[: owed_steps * sampler.global_batch])
+    owed = set(expect.epoch_samples(epoch)[: owed_steps * expect.global_batch])
     counts = Counter(ids)
     duplicates = sum(c - 1 for c in counts.values() if c > 1)
     extra = sum(1 for i in counts if i not in owed)
     missing = len(owed - set(counts))
-    if owed_steps == sampler.steps_per_epoch:
+    if owed_steps == expect.steps_per_epoch:
         verdict.epochs_checked += 1
     verdict.duplicates += duplicates
     verdict.missing += missing
@@ -121,21 +226,21 @@ def _count_epoch(verdict: Verdict, epoch: int, ids: list[int], owed_steps: int,
         verdict.problems.append(f"epoch {epoch}: {duplicates} duplicated, {missing} missing, {extra} extra samples")
 
 
-def _check_final(verdict: Verdict, records: list[dict[str, Any]], reference_digest: str | None,
-                 reference_world_size: int | None, final_world_size: int | None) -> None:
+def _check_final(verdict: Verdict, records: list[dict[str, Any]]) -> None:
     finals = [r for r in records if r["kind"] == "final" and r["step"] == verdict.steps]
     verdict.final_digests = sorted({r["digest"] for r in finals})
     if not finals:
         verdict.problems.append("no rank reported final parameters (the run did not complete)")
-        return
-    if len(verdict.final_digests) > 1:
+    elif len(verdict.final_digests) > 1:
         verdict.problems.append(f"ranks finished with different parameters: {verdict.final_digests}")
-    if reference_digest is None:
-        return
-    if len(verdict.world_sizes) == 1 and verdict.world_sizes[0] == reference_world_size:
-        verdict.bit_identical = verdict.final_digests == [reference_digest]
-        if not verdict.bit_identical:
-            verdict.problems.append(f"final parameters {verdict.final_digests} {REFERENCE_MISMATCH} "
-                                    f"{reference_digest} at the same world size")
-    else:
-        verdict.bit_identical = None  # the world size changed: divergence is expected, and reported
+
+
+def _span(steps: set[int]) -> str:
+    ordered = sorted(steps)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return str(ordered[:8]) + (" ..." if len(ordered) > 8 else "")
+
+
+def _ids(ids: list[int]) -> str:
+    return f"{ids[:3]}{'...' if len(ids) > 3 else ''} ({len(ids)} ids)"

@@ -39,7 +39,8 @@ def dead(slot: int) -> str:
 
 
 def replacing(slot: int) -> str:
-    """The incarnation a launcher is starting for the slot right now."""
+    """"incarnation:beat": the incarnation a launcher is starting for the slot right now; the launcher
+    bumps the beat while it is on its way, so the leader can tell "still starting" from "given up"."""
     return f"slot/{slot}/replacing"
 
 

@@ -18,8 +18,9 @@ from dataclasses import fields
 from ftcoord import log
 from ftcoord.errors import FtcoordError
 from ftcoord.server import DEFAULT_HOST, StoreServer
+from ftcoord.slots import SPARE_SLOT_BASE
 from ftcoord.store import StoreAddress, check_job_id, connect, job_store
-from ftcoord.supervisor import EXIT_FAILED, SPARE_SLOT_BASE, LaunchConfig, Supervisor
+from ftcoord.supervisor import EXIT_FAILED, LaunchConfig, Supervisor
 
 EXIT_USAGE = 2
 DEFAULTS = {f.name: f.default for f in fields(LaunchConfig) if f.name not in ("command", "job_id", "store")}

@@ -19,7 +19,7 @@ from ftcoord.heartbeat import LivenessObserver
 from ftcoord.log import get_logger
 from ftcoord.quorum import choose_members
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slots import SlotFacts, read_facts, registered_slots
+from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts, read_facts, registered_slots
 from ftcoord.store import get_or_none, read_int, wait_for_key
 
 
@@ -168,6 +168,7 @@ class LeaderDuty:
         facts = read_facts(self._store, slots)
         for slot, fact in facts.items():
             self._observer.observe(f"hb/{slot}", fact.heartbeat)
+            self._observer.observe(f"replacing/{slot}", fact.replacing_beat)
         return read_at, facts
 
     def _try_acquire(self, facts: dict[int, SlotFacts]) -> None:
@@ -282,17 +283,26 @@ class LeaderDuty:
 
         joined_slots = {j.slot for j in live}
         expected = {s for s, f in facts.items() if self._alive(f)}
+        on_its_way: set[int] = set()
         if len(live) < self._policy.target_world_size:
-            # Below target: wait (up to join_timeout) for replacements a launcher is
-            # starting, rather than shrink now and grow back a moment later. At target
-            # (a hot spare stepped in) there is nothing to wait for.
-            expected |= {s for s, f in facts.items() if f.being_replaced}
+            # Below target: wait for replacements a launcher is starting, rather than shrink now
+            # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
+            on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
+                          and not self._observer.is_stale(f"replacing/{s}")}
+            expected |= on_its_way
         # A job starting (or restarting as a whole: no member of the last generation is
-        # alive) waits for its target size; a running job re-forms with whoever is alive.
-        everyone = expected <= joined_slots and (
-            running or len(live) >= self._policy.target_world_size
-        )
-        last_call = now - clock.last_change >= self._timing.join_timeout
+        # alive) waits for its target size of workers (a spare is seated only at last call, when
+        # a worker is still missing); a running job re-forms with whoever is alive.
+        workers = sum(1 for j in live if j.slot < SPARE_SLOT_BASE)
+        everyone = expected <= joined_slots and (running or workers >= self._policy.target_world_size)
+        # Last call: join_timeout after the last arrival for processes that are alive but slow to
+        # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
+        # node) is waited for up to barrier_timeout.
+        missing = expected - joined_slots
+        if missing and missing <= on_its_way:
+            last_call = now - clock.first_seen >= self._timing.barrier_timeout
+        else:
+            last_call = now - clock.last_change >= self._timing.join_timeout
         if not (everyone or last_call):
             return False
         decision = choose_members(live, self._policy)

@@ -9,6 +9,10 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.store import get_or_none
 
+SPARE_SLOT_BASE = 100_000
+"""Launchers number hot spares from here (+ first slot): they sort after every worker slot, so
+workers keep their ranks, and a starting job seats its workers before any spare."""
+
 # Keys created (as "0") at registration, so multi_get never blocks on them.
 _ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence, keys.atomic)
 
@@ -48,6 +52,8 @@ class SlotFacts:
     dead: int
     left: int
     replacing: int
+    replacing_beat: int = 0
+    """Bumped by the launcher while the replacement is still starting (see keys.replacing)."""
 
     def is_gone(self, incarnation: int | None = None) -> bool:
         """Dead, left or superseded: `incarnation` (default: the newest) will not come back."""
@@ -70,6 +76,8 @@ def read_facts(store: dist.Store, slots: list[int]) -> dict[int, SlotFacts]:
     for i, slot in enumerate(slots):
         raw = [v.decode() for v in values[i * 6 : i * 6 + 6]]
         progress, _, waiting = raw[2].partition(":")
-        inc, hb, dead, left, replacing = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4], raw[5]))
-        facts[slot] = SlotFacts(slot, inc, hb, int(progress or 0), waiting == "w", dead, left, replacing)
+        replacing, _, beat = raw[5].partition(":")
+        inc, hb, dead, left = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4]))
+        facts[slot] = SlotFacts(slot, inc, hb, int(progress or 0), waiting == "w", dead, left, int(replacing or 0),
+                                int(beat or 0))
     return facts

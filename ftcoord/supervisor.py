@@ -23,10 +23,11 @@ import torch.distributed as dist
 from ftcoord import env, keys
 from ftcoord.heartbeat import mark_dead
 from ftcoord.log import get_logger
+from ftcoord.slots import SPARE_SLOT_BASE
 from ftcoord.standby import READY_FD_ENV, PythonCommand
 from ftcoord.store import get_or_none, read_int
 
-SPARE_SLOT_BASE = 100_000  # spares sort after every worker slot, so workers keep their ranks
+REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -78,6 +79,10 @@ class SlotProcess:
     finished: bool = False
     fenced_at: float | None = None
     fence_killed: bool = False
+    replacing: int = 0
+    """The incarnation announced as on its way (keys.replacing) until it registers; 0 when none."""
+    replacing_beat: int = 0
+    replacing_beat_at: float = 0.0
 
 
 @dataclass
@@ -234,6 +239,7 @@ class Supervisor:
         if all(s.finished for s in self.slots.values()):
             self._log.info("launcher_done", job_restarts=self.job_restarts)
             return EXIT_OK
+        self._announce_replacements(now)
         self._fence(now)
         self._refresh_standbys()
         return None
@@ -247,9 +253,10 @@ class Supervisor:
             return None
         registered = read_int(self.store, keys.incarnation(slot.slot))
         if self.config.restart_policy == "slot" and slot.restarts < self.config.max_restarts:
-            # Say a replacement is coming *before* the death is known, so the leader waits for
-            # it (up to join_timeout) instead of shrinking the world and growing it back.
-            self.store.set(keys.replacing(slot.slot), str(registered + 1))
+            # Say a replacement is coming *before* the death is known, so the leader waits for it
+            # instead of shrinking the world and growing it back (see _announce_replacements).
+            slot.replacing, slot.replacing_beat = registered + 1, 0
+            self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:0")
         if registered >= slot.incarnation:
             mark_dead(self.store, slot.slot, slot.incarnation)
         self._log.warning("child_exited", slot=slot.slot, pid=pid, code=code, incarnation=slot.incarnation)
@@ -279,6 +286,24 @@ class Supervisor:
         slot.restart_due = time.monotonic() + delay
         self._log.info("slot_restart_scheduled", slot=slot.slot, delay_s=delay, restarts=slot.restarts)
         return None
+
+    def _announce_replacements(self, now: float) -> None:
+        """Keep saying "on its way" for each replacement until it registers.
+
+        The leader waits for a replacement while this beat moves (up to barrier_timeout): a cold
+        start on a busy node can take many seconds, and deciding without it would shrink the world
+        and grow it back a moment later. A launcher that dies or gives up stops beating, and the
+        leader stops waiting one heartbeat timeout later.
+        """
+        for slot in self.slots.values():
+            if not slot.replacing or now - slot.replacing_beat_at < REPLACING_BEAT_S:
+                continue
+            if read_int(self.store, keys.incarnation(slot.slot)) >= slot.replacing:
+                slot.replacing = 0  # it registered: its own heartbeat speaks for it now
+                continue
+            slot.replacing_beat += 1
+            slot.replacing_beat_at = now
+            self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:{slot.replacing_beat}")
 
     def _restart_job(self) -> int | None:
         """The classic whole-job restart: stop every process, start them all again."""

@@ -40,6 +40,26 @@ class RestartsExhausted(FtcoordError):
     """The function failed more often than max_restarts allows."""
 
 
+def release_frames(exc: BaseException) -> None:
+    """Drop the locals of every frame a failed generation's exception still holds.
+
+    A traceback keeps the failed call's frames, and with them its process group and DDP module,
+    alive: gloo keeps a live group's sockets open (peers stay blocked in their collective), and a
+    live DDP reducer keeps its autograd hooks on the parameters, so the next generation's backward
+    would fire them too. The exception itself (type and message) stays for the log.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+
+
 class Wrapper:
     """Decorator that makes a training function survive faults (see module docstring).
 
@@ -175,6 +195,8 @@ class Wrapper:
                         f"(max_restarts={self.max_restarts}); last error: {type(cause).__name__}: {cause}. "
                         f"Fix the cause or raise max_restarts"
                     ) from cause
+                release_frames(cause)
+                del cause
         finally:
             restore_signal()
             participant.close()

@@ -28,6 +28,16 @@ def store_server() -> Iterator[StoreServer]:
 
 
 @pytest.fixture(scope="session")
+def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One chaos reference cache for the session: scenarios with the same job share a verified reference."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("ftcoord-cache")
+    mp.setenv("FTCOORD_CACHE_DIR", str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
 def forker() -> Iterator[Forker]:
     f = Forker()
     yield f

@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 
 from ftcoord import FatalError, FtcoordError, Wrapper, env, log
-from training.config import STRATEGIES, TrainConfig
+from training.config import GRAD_REDUCTIONS, STRATEGIES, TrainConfig
 from training.loop import Trainer
 from training.models import MODELS
 
@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra seconds per sample of this rank's shard (emulated compute: a rank with a "
                         "bigger shard, as after losing ranks, takes longer)")
     p.add_argument("--min-world-size", type=int, default=DEFAULTS["min_world_size"])
+    p.add_argument("--grad-reduction", choices=GRAD_REDUCTIONS, default=DEFAULTS["grad_reduction"],
+                   help="fixed: gradients summed in rank order, so a run with faults ends bit-identical to a "
+                        "fault-free run at every world size; allreduce: DDP's built-in (exact up to 2 ranks)")
     p.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY step hook (fault injection)")
     p.add_argument("--heartbeat-interval", type=float, default=None)
     p.add_argument("--heartbeat-timeout", type=float, default=None)
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, warm_start=args.warm_start,
             log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
             sample_time=args.sample_time,
-            min_world_size=args.min_world_size, hooks=tuple(args.hook))
+            min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, hooks=tuple(args.hook))
         slot = env.slot_from_env()
         if config.log_dir:
             log.configure(os.path.join(config.log_dir, f"train-slot{slot}-{os.getpid()}.jsonl"))

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass, field
 from training.errors import TrainingConfigError
 
 STRATEGIES = ("none", "blocking", "overlapped", "flash")
+GRAD_REDUCTIONS = ("fixed", "allreduce")
+"""fixed: gradients summed in rank order (training.reduction; the default); allreduce: DDP's built-in
+(exact only up to 2 ranks)."""
 
 # Fields that change the training trajectory: a checkpoint written under other values of
 # these must not be resumed silently.
@@ -42,6 +45,9 @@ class TrainConfig:
     """Extra seconds per sample of this rank's shard: emulated compute that grows when fewer ranks
     share the global batch, as real compute does (what slows the ECRL report's elastic 2 -> 1 run)."""
     min_world_size: int = 1
+    grad_reduction: str = "fixed"
+    """How DDP reduces gradients: "fixed" (rank order, bit-identical at every world size) or
+    "allreduce" (DDP's built-in). Not a trajectory field: like the world size, it may change on a resume."""
     hooks: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -61,6 +67,9 @@ class TrainConfig:
         if self.step_time < 0 or self.sample_time < 0:
             raise TrainingConfigError(f"--step-time {self.step_time} / --sample-time {self.sample_time}: "
                                       f"must be >= 0 seconds")
+        if self.grad_reduction not in GRAD_REDUCTIONS:
+            raise TrainingConfigError(f"--grad-reduction {self.grad_reduction!r}: choose one of "
+                                      f"{', '.join(GRAD_REDUCTIONS)}")
         if self.optimizer not in ("sgd", "adam"):
             raise TrainingConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adam")
 

@@ -5,6 +5,7 @@ Never downloads: CIFAR and ImageFolder read a local folder and fail clearly with
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -99,8 +100,22 @@ def make_dataset(spec: str, seed: int = 0) -> Dataset:
 
 
 def collate(dataset: Dataset, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fetch the samples of a shard, in order (no DataLoader: the sampler is the order)."""
+    """Fetch the samples of a shard, in order (no DataLoader: the sampler is the order).
+
+    Returns (x, y, consumed): `consumed` are the ids that came back *with the samples* (each item
+    carries its own id), not the ids that were asked for: it is what the ledger records as the
+    evidence of what the model trained on.
+    """
     items = [dataset[int(i)] for i in ids]
     xs = torch.stack([item[0] for item in items])
     ys = torch.tensor([item[1] for item in items], dtype=torch.int64)
-    return xs, ys, ids
+    consumed = torch.tensor([int(item[2]) for item in items], dtype=torch.int64)
+    return xs, ys, consumed
+
+
+def batch_hash(x: torch.Tensor, y: torch.Tensor) -> str:
+    """A short digest of the bytes a step fed the model (inputs and labels), for the ledger."""
+    h = hashlib.blake2b(digest_size=8)
+    for tensor in (x, y):
+        h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

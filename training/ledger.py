@@ -7,14 +7,18 @@ Fields of a "step" line:
   (this rank's shard loss), lr, mono/ts (monotonic and wall clock), pid.
 Other kinds: "generation" (a generation started here, with how it healed), "checkpoint"
 (a save and its stall), "final" (the parameter digest when the run completed), "stopped".
-Lines are written with one write() each, so a SIGKILL loses no committed line.
+Lines are written with one write() each, so a SIGKILL loses no committed line; only a process
+that died inside that write can leave a torn last line, and `scan_ledgers` reports any torn line
+(the verifier decides whether a death explains it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ class Ledger:
         self.job_id = job_id
         self.slot = slot
         self._file = None
+        self._lock = threading.Lock()  # checkpoint lines come from background threads when durable
         self.directory: Path | None = None
         if directory is not None:
             path = self.directory = Path(directory)
@@ -36,19 +41,62 @@ class Ledger:
             return
         record = {"kind": kind, "job": self.job_id, "slot": self.slot, "pid": os.getpid(),
                   "mono": time.monotonic(), "ts": time.time(), **facts}
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        with self._lock:
+            if self._file is not None:
+                self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+@dataclass(frozen=True)
+class TornLine:
+    """A ledger line that is not a complete JSON record."""
+
+    path: Path
+    line: int
+    """1-based line number."""
+    last: bool
+    """The file's last line (what a process killed inside its write leaves behind)."""
+    pid: int | None
+    """The writer's pid, from the file name."""
+
+
+@dataclass
+class LedgerScan:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    torn: list[TornLine] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+def scan_ledgers(directory: str | Path) -> LedgerScan:
+    """Every ledger line under a directory (recursively), in time order, and every torn line."""
+    scan = LedgerScan()
+    for path in sorted(Path(directory).rglob("ledger-*.jsonl")):
+        scan.files.append(path)
+        text = path.read_text(errors="replace")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the newline that ends the last complete line
+        pid_text = path.stem.rsplit("-", 1)[-1]
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                complete = isinstance(record, dict) and (number < len(lines) or text.endswith("\n"))
+            except ValueError:
+                complete = False
+            if complete:
+                scan.records.append(record)
+            else:
+                scan.torn.append(TornLine(path, number, number == len(lines),
+                                          int(pid_text) if pid_text.isdigit() else None))
+    scan.records.sort(key=lambda r: r["mono"])
+    return scan
 
 
 def read_ledgers(directory: str | Path) -> list[dict[str, Any]]:
-    """Every ledger line under a directory (recursively), in time order."""
-    records = []
-    for path in sorted(Path(directory).rglob("ledger-*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.endswith("}"):
-                records.append(json.loads(line))
-    return sorted(records, key=lambda r: r["mono"])
+    """Every complete ledger line under a directory (recursively), in time order."""
+    return scan_ledgers(directory).records

@@ -11,14 +11,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ftcoord import CallWrapper
 from ftcoord.log import get_logger
+from training import reduction
 from training.buffers import BufferGuard
 from training.checkpoint.base import CheckpointStrategy, Loaded, load_latest, make_strategy
 from training.config import TrainConfig
-from training.data import collate, make_dataset
+from training.data import batch_hash, collate, make_dataset
 from training.heal import heal
 from training.hooks import StepContext, StepHook, load_hook
 from training.ledger import Ledger
 from training.models import build_model, parameter_count
+from training.planted import DOUBLE_STEP_AFTER_RESUME, planted_bug
 from training.sampler import ResumableGlobalBatchSampler, derive_seed, ids_hash, local_batch
 from training.state import TrainState, build_optimizer, build_scheduler
 
@@ -41,6 +43,8 @@ class Trainer:
             job_id=config.job_id)
         self.ledger = Ledger(config.log_dir or os.environ.get("FTCOORD_LOG_DIR"), config.job_id, slot)
         self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
+        self.planted_bug = planted_bug()
+        self._double_step_pending = False
         self.log = get_logger(component="trainer", slot=slot)
         self.log.info("trainer_ready", parameters=parameter_count(model), dataset_size=len(self.dataset),
                       steps_per_epoch=self.sampler.steps_per_epoch, config_hash=self.config_hash)
@@ -71,14 +75,19 @@ class Trainer:
         local_batch(config.global_batch, world)  # the leader only picks divisors; guard anyway
         report = heal(state, rank, world, self._load_checkpoint)
         call.step = state.step
+        # What the verifier needs to replay this generation exactly: the configuration, the gradient
+        # reduction and the intra-op threads (a matmul may round differently with another count).
         self.ledger.write("generation", generation=call.iteration, rank=rank, world_size=world,
                           members=list(call.members), start_step=state.step, heal_source=report.source,
                           heal_receivers=report.receivers, heal_bytes=report.bytes,
                           heal_s=round(report.seconds, 4), loaded_from=report.loaded_from,
-                          restarts=call.restarts)
+                          restarts=call.restarts, config_hash=self.config_hash, trajectory=config.trajectory(),
+                          grad_reduction=config.grad_reduction, threads=torch.get_num_threads())
+        self._double_step_pending = self.planted_bug == DOUBLE_STEP_AFTER_RESUME and state.step > 0
         # Buffers (BatchNorm statistics) are synced after backward rather than at the next forward
         # (DDP's default) and rolled back when a step fails: see training.buffers.
         ddp = DDP(state.model, broadcast_buffers=False)
+        reduction.install(ddp, config.grad_reduction)
         buffers = BufferGuard(state.model)
         try:
             while state.step < config.steps:
@@ -107,7 +116,7 @@ class Trainer:
         step = state.step
         torch.manual_seed(derive_seed(config.seed, "step", step, rank))
         shard = self.sampler.shard(step, rank, world)
-        x, y, _ = collate(self.dataset, shard)
+        x, y, consumed = collate(self.dataset, shard)
         state.optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(x), y)
         loss.backward()  # DDP all-reduces the gradients here
@@ -116,6 +125,9 @@ class Trainer:
         if buffers.buffers:
             buffers.sync_from_rank0()
         state.optimizer.step()
+        if self._double_step_pending:  # a planted bug (training.planted), never set outside its tests
+            state.optimizer.step()
+            self._double_step_pending = False
         state.scheduler.step()
         state.step = step + 1  # committed: this rank applied the full global batch
         buffers.commit()
@@ -124,9 +136,9 @@ class Trainer:
         sampler_state = self.sampler.state(step)
         self.ledger.write("step", generation=call.iteration, rank=rank, world_size=world, step=step,
                           epoch=sampler_state.epoch, cursor=sampler_state.cursor,
-                          window_hash=ids_hash(self.sampler.window(step)), shard_hash=ids_hash(shard),
-                          shard_count=len(shard), shard_ids=shard.tolist(), loss=loss.item(),
-                          lr=state.scheduler.get_last_lr()[0])
+                          window_hash=ids_hash(self.sampler.window(step)), shard_hash=ids_hash(consumed),
+                          shard_count=len(consumed), shard_ids=consumed.tolist(), batch_hash=batch_hash(x, y),
+                          loss=loss.item(), lr=state.scheduler.get_last_lr()[0])
         if self.checkpoint is not None and rank == 0 and state.step % config.ckpt_every == 0:
             self._save(call, world)
         if hooks:

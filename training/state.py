@@ -52,12 +52,17 @@ class TrainState:
 
     def digest(self) -> str:
         """Digest of the parameters and buffers (equal digests: identical models)."""
-        h = hashlib.blake2b(digest_size=16)
-        for name, tensor in self.model.state_dict().items():
-            h.update(name.encode())
-            # reshape: a 0-dim buffer (BatchNorm's num_batches_tracked) cannot be viewed as bytes
-            h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        return state_digest(self.model.state_dict())
+
+
+def state_digest(model_state: dict[str, torch.Tensor]) -> str:
+    """Digest of a model's state dict, names and bytes (what the ledger's `final` line records)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in model_state.items():
+        h.update(name.encode())
+        # reshape: a 0-dim buffer (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.verify import Verdict, verify_ledger
+from chaos.proof import Proof, prove
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
-from training.data import make_dataset
+from training.config import TrainConfig
 from training.ledger import read_ledgers
-from training.sampler import ResumableGlobalBatchSampler
 
 DATASET, GLOBAL_BATCH, SEED = "synthetic:512", 32, 1337  # 16 steps per epoch
 FAST = ["--heartbeat-interval", "0.1", "--heartbeat-timeout", "1.0"]
@@ -80,7 +79,13 @@ class TrainingRun:
         assert len(digests) == 1, digests
         return digests.pop()
 
-    def verify(self, steps: int, reference: TrainingRun | None = None, world_size: int = 2) -> Verdict:
-        sampler = ResumableGlobalBatchSampler(len(make_dataset(DATASET, SEED)), GLOBAL_BATCH, SEED)
-        digest = reference.final_digest() if reference else None
-        return verify_ledger(self.records(), sampler, steps, digest, world_size if reference else None)
+    def verify(self, steps: int, **config: Any) -> Proof:
+        """The verifier's proof of this run: exactly-once data and the model against a fault-free replay
+        of the run's own schedule (`config`: training settings beyond train_args' defaults)."""
+        return prove(self.out / "logs", train_config(steps, **config), steps)
+
+
+def train_config(steps: int, **overrides: Any) -> TrainConfig:
+    """The configuration `train_args(steps)` runs (what a proof checks the run against)."""
+    return TrainConfig(steps=steps, dataset=DATASET, global_batch=GLOBAL_BATCH, seed=SEED, model="mlp",
+                       ckpt_strategy="none", **overrides)

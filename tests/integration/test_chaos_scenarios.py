@@ -13,13 +13,9 @@ from chaos.metrics import read_logs
 pytestmark = pytest.mark.timeout(420)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """One reference cache for the session: scenarios with the same job share a reference."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("FTCOORD_CACHE_DIR", str(tmp_path_factory.mktemp("ftcoord-cache")))
-    yield
-    mp.undo()
+@pytest.fixture(autouse=True)
+def _cache(reference_cache: Path) -> None:
+    """Scenarios with the same job share a reference (see conftest)."""
 
 
 def run(name: str, tmp_path: Path) -> dict:
@@ -31,6 +27,7 @@ def run(name: str, tmp_path: Path) -> dict:
         assert (tmp_path / name / plot).stat().st_size > 1000
     c = report["correctness"]
     assert c["duplicates"] == c["missing"] == c["extra"] == 0 and c["epochs_checked"] >= 2
+    assert c["model_checked"] and c["bit_identical"] is True, report["model_check"]  # every run, every size
     return report
 
 
@@ -91,8 +88,9 @@ def test_early_restart(tmp_path: Path) -> None:
 def test_elastic(tmp_path: Path) -> None:
     report = run("elastic", tmp_path)
     assert report["world_sizes"] == [1, 2]
-    assert report["correctness"]["bit_identical"] is None  # world size changed: divergence is reported
-    assert report["divergence"]["param_l2"] is not None
+    assert report["model_check"]["expected_from"] == "replay"  # the run's own 2 -> 1 -> 2 schedule
+    lose, replace = report["faults"]
+    assert replace["full_recover_s"] is not None, "the replaced node must bring the world back to size"
 
 
 def test_spare(tmp_path: Path) -> None:

@@ -29,9 +29,11 @@ def test_kills_at_a_boundary_and_mid_step_end_bit_identical_to_a_fault_free_run(
     code, out = run.wait()
     assert code == 0, out[-2000:]
     assert len(list((tmp_path / "run").glob("fault-*"))) == 2, "both faults should have fired"
-    verdict = run.verify(steps, reference)
-    assert verdict.passed, verdict.problems
-    assert verdict.bit_identical is True and verdict.world_sizes == [2]
+    proof = run.verify(steps)
+    assert proof.passed, proof.problems
+    verdict = proof.verdict
+    assert proof.model.bit_identical is True and verdict.world_sizes == [2]
+    assert verdict.final_digests == [reference.final_digest()]  # the real fault-free run agrees with the replay
     assert verdict.duplicates == verdict.missing == verdict.extra == 0 and verdict.epochs_checked == 3
 
 
@@ -52,8 +54,10 @@ def test_elastic_two_to_one_to_two_keeps_exactly_once_progress(
     wait_until(lambda: all(p in forker.exited() for p in pids), 120, "the job to finish")
     exited = forker.exited()
     assert exited[pids[1]] == 137 and exited[pids[0]] == 0 and exited[pids[2]] == 0
-    verdict = run.verify(steps)
-    assert verdict.passed, verdict.problems
+    proof = run.verify(steps)
+    assert proof.passed, proof.problems
+    verdict = proof.verdict
+    assert proof.model.bit_identical is True and proof.model.expected_from == "replay"
     assert verdict.world_sizes == [1, 2] and verdict.epochs_checked == 4
     assert verdict.duplicates == verdict.missing == verdict.extra == 0
 
@@ -76,9 +80,9 @@ def test_whole_job_killed_resumes_from_the_latest_checkpoint(
     source = starts[0]["loaded_from"]
     assert source.startswith("flash:" if strategy == "flash" else "disk:"), source
     assert starts[0]["start_step"] >= 20
-    verdict = second.verify(steps)
-    assert verdict.passed, verdict.problems
-    assert verdict.replayed_steps > 0  # steps after the checkpoint were trained again, and superseded
+    proof = second.verify(steps)
+    assert proof.passed, proof.problems
+    assert proof.verdict.replayed_steps > 0  # steps after the checkpoint were trained again, and superseded
 
 
 def test_sigterm_writes_an_emergency_checkpoint_and_the_relaunch_resumes_from_it(
@@ -101,9 +105,9 @@ def test_sigterm_writes_an_emergency_checkpoint_and_the_relaunch_resumes_from_it
     assert code == 0, out[-2000:]
     resumed = [r for r in second.records() if r["kind"] == "generation" and r["loaded_from"]]
     assert resumed and resumed[0]["start_step"] == stop_step
-    verdict = second.verify(steps)
-    assert verdict.passed, verdict.problems
-    assert verdict.replayed_steps == 0  # nothing lost: the emergency checkpoint was the last step
+    proof = second.verify(steps)
+    assert proof.passed, proof.problems
+    assert proof.verdict.replayed_steps == 0  # nothing lost: the emergency checkpoint was the last step
 
 
 def test_changed_config_on_resume_fails_the_job_with_a_clear_error(

@@ -1,0 +1,78 @@
+"""Holding a run to its scenario: every planned fault fired at a live process and had its effect.
+
+A fault that was planned but never reached a process, or reached one and changed nothing, proves
+nothing about recovery: the run must fail, with the reason. Each kind states what it must cause,
+read from the run's own ledger after the moment the fault was injected:
+
+| kind                                              | expected effect                                   |
+|---------------------------------------------------|---------------------------------------------------|
+| kill, kill-boundary, kill-midstep, kill-leader,    | a newer generation commits a step                 |
+| hang, early-restart, lose                         |                                                   |
+| replace                                           | a step is committed at the job's full world size  |
+| preempt                                           | the job stops at a step boundary, then resumes    |
+| ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
+
+A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
+launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos.scenario import Scenario
+
+NEW_GENERATION = "a newer generation commits a step"
+FULL_SIZE = "a step is committed at the full world size"
+STOP_AND_RESUME = "the job stops at a step boundary, then resumes"
+RESUME_FROM_CHECKPOINT = "the relaunched job resumes from a checkpoint"
+SPARE_REPLACED = "its launcher replaces the hot spare it hit"
+
+EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midstep": NEW_GENERATION,
+           "kill-leader": NEW_GENERATION, "hang": NEW_GENERATION, "early-restart": NEW_GENERATION,
+           "lose": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
+           "ckpt-crash": RESUME_FROM_CHECKPOINT}
+
+
+def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],
+                   started: list[dict[str, Any]]) -> list[str]:
+    """Planned faults that never fired, fired at nothing, or had no effect.
+
+    Args:
+        started: the launchers' `child_started` events (a replaced spare shows there).
+    """
+    problems = []
+    for index, planned in enumerate(scenario.faults):
+        name = f"{planned.kind} at step {planned.step} (slot {planned.slot})"
+        matching = [e for e in events if e.get("index") == index]
+        if not matching:
+            problems.append(f"planned fault {name} never fired")
+            continue
+        event = matching[0]
+        if not event.get("fired", True):
+            problems.append(f"planned fault {name} did not reach a live process: {event.get('note') or 'no target'}")
+            continue
+        effect = EFFECTS[planned.kind] if event.get("member") is not False else SPARE_REPLACED
+        if effect == SPARE_REPLACED:
+            if not any(e["slot"] == event["slot"] and e["mono"] > event["mono"] for e in started):
+                problems.append(f"planned fault {name} hit slot {event['slot']}, a hot spare, and {effect} never "
+                                f"happened")
+        elif not _had_effect(effect, event, records, scenario.job.nproc):
+            problems.append(f"planned fault {name} had no effect: expected {effect} after it")
+    return problems
+
+
+def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]], nproc: int) -> bool:
+    at = event["mono"]
+    before = max((r["generation"] for r in records if r["kind"] == "step" and r["mono"] <= at), default=0)
+    later_steps = [r for r in records if r["kind"] == "step" and r["mono"] > at and r["generation"] > before]
+    if effect == NEW_GENERATION:
+        return bool(later_steps)
+    if effect == FULL_SIZE:
+        return any(r["world_size"] == nproc for r in later_steps)
+    if effect == STOP_AND_RESUME:
+        stops = [r["mono"] for r in records if r["kind"] == "stopped" and r["mono"] > at]
+        return bool(stops) and any(r["mono"] > min(stops) for r in later_steps)
+    if effect == RESUME_FROM_CHECKPOINT:
+        return any(r["kind"] == "generation" and r["mono"] > at and r.get("loaded_from") for r in records)
+    raise ValueError(f"unknown effect {effect!r}")
