@@ -243,11 +243,10 @@ class ChaosRunner:
 
 
 def _remove_flash_images(job_id: str) -> None:
-    """Killed ranks leave their flash images in /dev/shm; this run's job id is never reused."""
-    from training.checkpoint.flash import flash_dirs
+    """A lost node (its launcher SIGKILLed) leaves its job scratch; this run's job id is never reused."""
+    from ftcoord import scratch
 
-    for directory in flash_dirs(job_id):
-        shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(scratch.job_dir(job_id), ignore_errors=True)
 
 
 def _signal(pid: int | None, signum: int) -> bool:

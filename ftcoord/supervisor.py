@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import tenacity
 import torch.distributed as dist
 
-from ftcoord import env, keys
+from ftcoord import env, keys, scratch
 from ftcoord.heartbeat import mark_dead
 from ftcoord.log import get_logger
 from ftcoord.slots import SPARE_SLOT_BASE
@@ -214,17 +214,29 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> int:
-        for local_rank, slot in enumerate(self.config.slots):
-            self.slots[slot] = SlotProcess(slot, local_rank)
-            self._start(self.slots[slot], replacement=False)
-        self._refresh_standbys()
-        while True:
-            now = time.monotonic()
-            code = self._tick(now)
-            if code is not None:
-                self._release_standbys()
-                return code
-            time.sleep(self.config.poll_s)
+        self._take_scratch()
+        try:
+            for local_rank, slot in enumerate(self.config.slots):
+                self.slots[slot] = SlotProcess(slot, local_rank)
+                self._start(self.slots[slot], replacement=False)
+            self._refresh_standbys()
+            while True:
+                now = time.monotonic()
+                code = self._tick(now)
+                if code is not None:
+                    self._release_standbys()
+                    return code
+                time.sleep(self.config.poll_s)
+        finally:
+            removed = scratch.release(self.config.job_id, self.config.slots)
+            self._log.info("scratch_released", removed=[str(p) for p in removed])
+
+    def _take_scratch(self) -> None:
+        """Reap what dead jobs left in this node's shared memory; own this job's (see ftcoord.scratch)."""
+        for orphan in scratch.reap(keep_job=self.config.job_id):
+            self._log.warning("scratch_reaped", path=str(orphan.path), job_id=orphan.job_id, bytes=orphan.bytes,
+                              why="its job is not running on this node")
+        scratch.claim(self.config.job_id)
 
     def _tick(self, now: float) -> int | None:
         if self.terminating_since is not None:

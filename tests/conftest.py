@@ -20,6 +20,17 @@ FAST_TIMING = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.0, "join_timeou
 _job_numbers = itertools.count()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Flash images and other node-local scratch of every test job live here, not in the machine's
+    /dev/shm (launchers reap what dead jobs left there: tests must not touch a user's)."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("scratch")
+    mp.setenv("FTCOORD_SCRATCH_ROOT", str(path))
+    yield path
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def store_server() -> Iterator[StoreServer]:
     server = StoreServer("127.0.0.1", 0)

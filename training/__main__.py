@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-strategy", choices=STRATEGIES, default=DEFAULTS["ckpt_strategy"])
     p.add_argument("--ckpt-every", type=int, default=DEFAULTS["ckpt_every"], help="steps between checkpoints")
     p.add_argument("--ckpt-keep", type=int, default=DEFAULTS["ckpt_keep"], help="checkpoints kept on disk")
+    p.add_argument("--ckpt-max-failures", type=int, default=DEFAULTS["ckpt_max_failures"],
+                   help="failed saves in a row (full disk, read-only, I/O error) before the job stops with an error "
+                        "naming the directory; each failure is logged as checkpoint_failed")
+    p.add_argument("--ckpt-start-over", action="store_true",
+                   help="when checkpoints exist but none can be loaded, train from step 0 instead of refusing "
+                        "(the unreadable ones are kept, renamed step_<N>.rejected)")
     p.add_argument("--warm-start", action="store_true",
                    help="accept a checkpoint from another configuration: load its weights only")
     p.add_argument("--log-dir", default=None, help="step ledger and logs (default: FTCOORD_LOG_DIR)")
@@ -65,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             job_id=args.job_id or env.job_id_from_env(), steps=args.steps, global_batch=args.global_batch,
             model=args.model, dataset=args.dataset, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
             ckpt_dir=args.ckpt_dir, ckpt_strategy=args.ckpt_strategy if args.ckpt_dir else "none",
-            ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, warm_start=args.warm_start,
+            ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, ckpt_max_failures=args.ckpt_max_failures,
+            ckpt_start_over=args.ckpt_start_over, warm_start=args.warm_start,
             log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
             sample_time=args.sample_time,
             min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, hooks=tuple(args.hook))

@@ -37,6 +37,10 @@ class TrainConfig:
     ckpt_strategy: str = "blocking"
     ckpt_every: int = 50
     ckpt_keep: int = 3
+    ckpt_max_failures: int = 3
+    """Failed saves in a row (full disk, read-only, I/O error) before the job stops with an error."""
+    ckpt_start_over: bool = False
+    """Train from step 0 when checkpoints exist but none can be loaded (they are kept, set aside)."""
     warm_start: bool = False
     log_dir: str | None = None
     step_time: float = 0.0
@@ -64,6 +68,8 @@ class TrainConfig:
             raise TrainingConfigError(f"--ckpt-every {self.ckpt_every} must be >= 1")
         if self.ckpt_keep < 1:
             raise TrainingConfigError(f"--ckpt-keep {self.ckpt_keep} must be >= 1")
+        if self.ckpt_max_failures < 1:
+            raise TrainingConfigError(f"--ckpt-max-failures {self.ckpt_max_failures} must be >= 1")
         if self.step_time < 0 or self.sample_time < 0:
             raise TrainingConfigError(f"--step-time {self.step_time} / --sample-time {self.sample_time}: "
                                       f"must be >= 0 seconds")

@@ -13,6 +13,11 @@ class CheckpointCorrupt(FatalError):
     """A checkpoint failed its checksum or could not be read."""
 
 
+class CheckpointFailed(FatalError):
+    """Checkpoints keep failing to reach disk (full, read-only, broken): the job stops rather than
+    train on with nothing saved."""
+
+
 class ConfigMismatch(FatalError):
     """A checkpoint was written under a different training configuration."""
 

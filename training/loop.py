@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -13,9 +14,11 @@ from ftcoord import CallWrapper
 from ftcoord.log import get_logger
 from training import reduction
 from training.buffers import BufferGuard
-from training.checkpoint.base import CheckpointStrategy, Loaded, load_latest, make_strategy
+from training.checkpoint import atomic
+from training.checkpoint.base import CheckpointStrategy, Loaded, SaveStats, load_latest, make_strategy
 from training.config import TrainConfig
 from training.data import batch_hash, collate, make_dataset
+from training.errors import TrainingConfigError
 from training.heal import heal
 from training.hooks import StepContext, StepHook, load_hook
 from training.ledger import Ledger
@@ -23,6 +26,15 @@ from training.models import build_model, parameter_count
 from training.planted import DOUBLE_STEP_AFTER_RESUME, planted_bug
 from training.sampler import ResumableGlobalBatchSampler, derive_seed, ids_hash, local_batch
 from training.state import TrainState, build_optimizer, build_scheduler
+
+
+def _check_writable(root: Path) -> None:
+    """Before step 0: the checkpoint directory exists (or can be made) and takes a file."""
+    try:
+        atomic.lineage(root)  # creates the directory and writes its lineage token once
+    except OSError as exc:
+        raise TrainingConfigError(f"--ckpt-dir {root}: cannot write checkpoints there ({exc}); create it, fix its "
+                                  f"permissions, or point --ckpt-dir at a writable directory") from exc
 
 
 class Trainer:
@@ -38,9 +50,14 @@ class Trainer:
         optimizer = build_optimizer(config, model)
         self.state = TrainState(model, optimizer, build_scheduler(config, optimizer), self.sampler)
         self.config_hash = config.config_hash()
+        if config.ckpt_dir is not None:
+            _check_writable(Path(config.ckpt_dir))
         self.checkpoint: CheckpointStrategy | None = make_strategy(
             config.ckpt_strategy, config.ckpt_dir, config_hash=self.config_hash, keep=config.ckpt_keep,
-            job_id=config.job_id)
+            job_id=config.job_id, max_failures=config.ckpt_max_failures)
+        if self.checkpoint is not None:
+            self.checkpoint.on_durable = self._checkpoint_durable
+        self._saved_in: dict[int, int] = {}  # step -> generation that saved it (for the ledger line)
         self.ledger = Ledger(config.log_dir or os.environ.get("FTCOORD_LOG_DIR"), config.job_id, slot)
         self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
         self.planted_bug = planted_bug()
@@ -56,9 +73,10 @@ class Trainer:
         if self.config.ckpt_dir is None:
             return None
         if self.checkpoint is not None:
-            loaded = self.checkpoint.load(self.config.warm_start)
+            loaded = self.checkpoint.load(self.config.warm_start, self.config.ckpt_start_over)
         else:
-            loaded = load_latest(self.config.ckpt_dir, self.config_hash, self.config.warm_start)
+            loaded = load_latest(Path(self.config.ckpt_dir), self.config_hash, self.config.warm_start,
+                                 self.config.ckpt_start_over)
         if loaded is not None and loaded.warm:
             # Warm start: the weights only; optimizer, schedule and data order start afresh.
             self.state.model.load_state_dict(loaded.payload["model"])
@@ -150,9 +168,13 @@ class Trainer:
 
     def _save(self, call: CallWrapper, world: int) -> None:
         assert self.checkpoint is not None
+        self._saved_in[self.state.step] = call.iteration
         with call.atomic():
-            stats = self.checkpoint.save(self.state, world)
-        self.ledger.write("checkpoint", generation=call.iteration, **stats.to_dict())
+            self.checkpoint.save(self.state, world)
+
+    def _checkpoint_durable(self, stats: SaveStats) -> None:
+        """A save reached disk (for the background strategies: their write completed): now it counts."""
+        self.ledger.write("checkpoint", generation=self._saved_in.pop(stats.step, None), **stats.to_dict())
 
     def _stop(self, call: CallWrapper) -> str:
         """Preemption: an emergency checkpoint of the last committed step, then return."""

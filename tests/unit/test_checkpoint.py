@@ -71,7 +71,7 @@ def test_truncated_newest_checkpoint_is_skipped_with_a_warning(tmp_path: Path, c
     payload.write_bytes(payload.read_bytes()[:100])
     loaded = load_latest(tmp_path, "abc")
     assert loaded is not None and loaded.step == 10
-    assert loaded.skipped == [str((tmp_path / "step_00000020").resolve())]
+    assert loaded.skipped == [str((tmp_path / "step_00000020.rejected").resolve())]  # kept, set aside
 
 
 def test_corrupted_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
@@ -119,14 +119,16 @@ def test_kill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path: P
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
-def test_loading_never_unpickles_code(tmp_path: Path) -> None:
+def test_loading_never_unpickles_code(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     class Evil:
         def __reduce__(self):  # noqa: ANN204
             return (os.system, ("echo pwned",))
 
     payload = serialize({"step": 1, "evil": Evil()})
     atomic.commit(tmp_path, 1, payload, world_size=1, config_hash="abc", strategy="blocking", keep=3)
-    assert load_latest(tmp_path, "abc") is None  # weights_only refuses it: skipped as unreadable
+    with pytest.raises(CheckpointCorrupt, match="step_00000001: Weights only load failed"):
+        load_latest(tmp_path, "abc")  # weights_only refuses it, and it is the only one: a refusal
+    assert "pwned" not in capfd.readouterr().out
 
 
 @pytest.mark.parametrize("strategy", ["blocking", "overlapped", "flash"])

@@ -1,28 +1,51 @@
 """Crash-safe checkpoint directories: `step_<N>/` + manifest, a `latest` symlink, retention.
 
 Commit protocol (a crash at any point leaves the previous checkpoint loadable):
-write `step_<N>.tmp-<pid>/state.pt` and `manifest.json` → fsync each → fsync the temp
-dir → rename to `step_<N>/` → fsync the root → point a temp symlink at it → rename over
-`latest` → fsync the root → delete checkpoints beyond the last `keep`.
+write `step_<N>.tmp-<host>-<pid>/state.pt` and `manifest.json` → fsync each → fsync the temp dir →
+rename to `step_<N>/` → fsync the root → point a temp symlink at it → rename over `latest` → fsync
+the root → delete checkpoints beyond the last `keep`.
+
+What the directory promises:
+- a commit either lands whole or raises `OSError` having removed everything it wrote (a full disk
+  leaves no temp directory behind);
+- `latest` only moves forward: a replay of an older step never points it back;
+- a checkpoint that failed verification when a run resumed is renamed `step_<N>.rejected`: kept for
+  a person to inspect, never loaded, pruned or overwritten again;
+- pruning takes the directory's lock exclusively and loading takes it shared, so a loader never
+  sees a checkpoint vanish under it; a pruner that cannot have the lock at once skips this round;
+- temp directories are reaped only when written on this host by a process that is gone (the same
+  pid on another host of a shared filesystem is another process);
+- `lineage` names this directory's history: a flash image records it, so an image is only ever
+  loaded into a run of the same directory (a new, empty --ckpt-dir starts a new lineage).
 
 This module needs no torch on the write side, so the overlapped writer process stays light.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST = "manifest.json"
 PAYLOAD = "state.pt"
 LATEST = "latest"
+LOCK = ".lock"
+LINEAGE = "lineage"
+REJECTED = ".rejected"
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
+TEMP = re.compile(r"^.+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
 FORMAT_VERSION = 1
 CRASH_ENV = "FTCOORD_FAULT_CKPT_WRITE"  # "kill:MARKER[:MINSTEP]": die half-way through one write (chaos)
 
@@ -47,6 +70,14 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def _host() -> str:
+    return socket.gethostname().replace("-", "_") or "localhost"
+
+
+def temp_name(final: str) -> str:
+    return f"{final}.tmp-{_host()}-{os.getpid()}"
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -66,33 +97,79 @@ def _write_file(path: Path, data: bytes | memoryview, crash_half_way: bool = Fal
         os.fsync(f.fileno())
 
 
+def free_bytes(path: Path) -> int | None:
+    """Free space where `path` lives (its nearest existing parent), None when unknown."""
+    for candidate in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            if candidate.exists():
+                return shutil.disk_usage(candidate).free
+    return None
+
+
+def describe_failure(root: Path, exc: BaseException) -> dict[str, object]:
+    """The facts of a failed save, for its `checkpoint_failed` event and the error a person reads."""
+    code = getattr(exc, "errno", None)
+    return {"path": str(root), "errno": errno.errorcode.get(code, code) if code else None,
+            "error": str(exc)[:300], "free_bytes": free_bytes(root)}
+
+
 def commit(root: Path, step: int, payload: bytes | memoryview, *, world_size: int, config_hash: str,
            strategy: str, keep: int) -> Manifest:
-    """Write a checkpoint with the commit protocol above; return its manifest."""
+    """Write a checkpoint with the commit protocol above; return its manifest.
+
+    Raises:
+        OSError: the checkpoint could not be made durable (full disk, read-only, I/O error); nothing
+            of this attempt is left in `root`.
+    """
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
-    temp = root / f"{final.name}.tmp-{os.getpid()}"
-    if temp.exists():
-        shutil.rmtree(temp)
-    temp.mkdir(mode=0o700)
-    _write_file(temp / PAYLOAD, payload, crash_half_way=_planted_crash(step))
-    manifest = Manifest(step=step, world_size=world_size, config_hash=config_hash,
-                        sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), time=time.time(),
-                        strategy=strategy)
-    _write_file(temp / MANIFEST, json.dumps(manifest.__dict__, indent=1).encode())
-    _fsync_dir(temp)
-    if final.exists():  # a replay of a step that was saved before (after a resume)
-        shutil.rmtree(final)
-    os.rename(temp, final)
-    _fsync_dir(root)
-    link = root / f"{LATEST}.tmp-{os.getpid()}"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    os.symlink(final.name, link)  # relative: the directory can be moved
-    os.replace(link, root / LATEST)
-    _fsync_dir(root)
+    temp = root / temp_name(final.name)
+    link = root / temp_name(LATEST)
+    try:
+        if temp.exists():
+            shutil.rmtree(temp)
+        temp.mkdir(mode=0o700)
+        _write_file(temp / PAYLOAD, payload, crash_half_way=_planted_crash(step))
+        manifest = Manifest(step=step, world_size=world_size, config_hash=config_hash,
+                            sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), time=time.time(),
+                            strategy=strategy)
+        _write_file(temp / MANIFEST, json.dumps(manifest.__dict__, indent=1).encode())
+        _fsync_dir(temp)
+        _replace_dir(temp, final)
+        _fsync_dir(root)
+        if _latest_step(root) <= step:  # a replay of an older step never moves `latest` back
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            os.symlink(final.name, link)  # relative: the directory can be moved
+            os.replace(link, root / LATEST)
+            _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            link.unlink()
+        raise
     prune(root, keep)
     return manifest
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Rename `new` to `final`; an existing `final` (this step saved before, by a replay) goes after."""
+    if not final.exists():
+        os.rename(new, final)
+        return
+    old = final.with_name(temp_name(final.name) + ".old")
+    os.rename(final, old)
+    os.rename(new, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _latest_step(root: Path) -> int:
+    """The step `latest` points at, -1 when it points nowhere (missing, dangling, rejected)."""
+    link = root / LATEST
+    if not link.is_symlink():
+        return -1
+    match = STEP_DIR.match(os.readlink(link))
+    return int(match.group(1)) if match and (root / os.readlink(link)).is_dir() else -1
 
 
 def _planted_crash(step: int) -> bool:
@@ -120,16 +197,47 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+@contextlib.contextmanager
+def locked(root: Path, shared: bool, wait: bool = True) -> Iterator[bool]:
+    """The directory's lock: shared for loading, exclusive for pruning. Yields whether it was had."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK, "a") as lock:
+        flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(lock, flags)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints (never the one `latest` points at); drop stale temps."""
-    latest = (root / LATEST).resolve() if (root / LATEST).is_symlink() else None
-    for _, path in step_dirs(root)[keep:]:
-        if latest is None or path.resolve() != latest:
-            shutil.rmtree(path, ignore_errors=True)
+    """Keep the newest `keep` checkpoints (never the one `latest` points at); drop dead writers' temps."""
+    with locked(root, shared=False, wait=False) as have:
+        if not have:
+            return  # a loader is reading: prune at the next commit
+        latest = (root / LATEST).resolve() if (root / LATEST).is_symlink() else None
+        for _, path in step_dirs(root)[keep:]:
+            if latest is None or path.resolve() != latest:
+                shutil.rmtree(path, ignore_errors=True)
+        reap_temps(root)
+
+
+def reap_temps(root: Path) -> list[Path]:
+    """Remove temp entries left by dead writers on this host; others may still be writing."""
+    removed = []
     for path in root.glob("*.tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        match = TEMP.match(path.name.removesuffix(".old"))
+        if not match:
+            continue
+        host, pid = match.group("host"), int(match.group("pid"))
+        if (host is None or host == _host()) and pid != os.getpid() and not _alive(pid):
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _alive(pid: int) -> bool:
@@ -143,15 +251,12 @@ def _alive(pid: int) -> bool:
 
 
 def candidates(root: Path) -> list[Path]:
-    """Where to look, in order: `latest`, then every step directory, newest first."""
-    order: list[Path] = []
-    link = root / LATEST
-    if link.is_symlink() and link.resolve().is_dir():
-        order.append(link.resolve())
-    for _, path in step_dirs(root):
-        if path.resolve() not in order:
-            order.append(path.resolve())
-    return order
+    """Where to look, in order: every step directory, newest first.
+
+    `latest` names the newest committed one; a newer one that a crash left before `latest` moved is
+    complete (it was renamed into place after its fsync), so it comes first.
+    """
+    return [path.resolve() for _, path in step_dirs(root)]
 
 
 def verify(path: Path) -> tuple[Manifest, bytes]:
@@ -173,3 +278,32 @@ def verify(path: Path) -> tuple[Manifest, bytes]:
     if hashlib.sha256(data).hexdigest() != manifest.sha256:
         raise ValueError(f"{payload_path} does not match its sha256 (corrupt)")
     return manifest, data
+
+
+def reject(path: Path) -> Path:
+    """Set a checkpoint that failed verification aside as `step_<N>.rejected` (kept, never loaded again)."""
+    target = path.with_name(path.name + REJECTED)
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{REJECTED}{n}")
+    os.rename(path, target)
+    return target
+
+
+def lineage(root: Path) -> str:
+    """This checkpoint directory's lineage token, made on first use (see the module docstring)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LINEAGE
+    if path.is_file():
+        return path.read_text().strip()
+    temp = root / temp_name(LINEAGE)
+    token = uuid.uuid4().hex
+    _write_file(temp, token.encode())
+    try:
+        os.link(temp, path)  # atomic and exclusive: of two first users, one token wins, complete
+    except FileExistsError:
+        pass
+    finally:
+        temp.unlink(missing_ok=True)
+    return path.read_text().strip()

@@ -15,13 +15,21 @@ class BlockingCheckpoint(CheckpointStrategy):
     name = "blocking"
 
     def save(self, state: TrainState, world_size: int) -> SaveStats:
+        self.raise_if_failing()
         started = time.perf_counter()
         payload = serialize(state.capture())
         serialized = time.perf_counter()
-        atomic.commit(self.root, state.step, payload, world_size=world_size, config_hash=self.config_hash,
-                      strategy=self.name, keep=self.keep)
+        try:
+            atomic.commit(self.root, state.step, payload, world_size=world_size, config_hash=self.config_hash,
+                          strategy=self.name, keep=self.keep)
+            durable = True
+        except OSError as exc:  # full disk, read-only, I/O error: counted, never an in-process restart
+            self._failed(state.step, exc)
+            self.raise_if_failing()
+            durable = False
         done = time.perf_counter()
         stats = SaveStats(state.step, self.name, snapshot_s=serialized - started, write_s=done - serialized,
                           stall_s=done - started, bytes=len(payload))
-        self.log.info("checkpoint_committed", **stats.to_dict())
+        if durable:
+            self._durable(stats)
         return stats

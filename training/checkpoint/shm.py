@@ -8,6 +8,7 @@ The buffer lives in /dev/shm, so it survives the death of the process that wrote
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 from pathlib import Path
@@ -17,8 +18,13 @@ import torch
 
 BUFFER = "buffer.bin"
 META = "meta.pt"
-REQUEST = "request"  # the seq the trainer asks the persister to write to disk
-PERSISTED = "persisted"  # the seq the persister has committed to disk
+WRITING = "writing"  # the seq the trainer is copying into the buffer (set before the copy starts)
+REQUEST = "request"  # the seq the trainer asks the persister to write to disk (set after the copy)
+PERSISTED = "persisted"  # the seq the persister is done with: committed to disk, or refused (FAILED)
+FAILED = "failed.json"  # {"seq", "path", "errno", "error", "free_bytes"} of the last seq that failed
+PERSISTER_LOCK = "persister.lock"  # held (flock) by the one persister of this image for its lifetime
+PERSISTER_PID = "persister.pid"
+FILES = (BUFFER, META, WRITING, REQUEST, PERSISTED, FAILED, PERSISTER_LOCK, PERSISTER_PID, "persister.err")
 ALIGN = 64
 
 
@@ -151,3 +157,28 @@ def read_marker(directory: Path, name: str) -> int:
         return int((directory / name).read_text() or 0)
     except (FileNotFoundError, ValueError):
         return 0
+
+
+def write_failure(directory: Path, seq: int, facts: dict[str, Any]) -> None:
+    temp = directory / f"{FAILED}.tmp"
+    temp.write_text(json.dumps({"seq": seq, **facts}))
+    os.replace(temp, directory / FAILED)
+
+
+def read_failure(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / FAILED).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def remove_image(directory: Path) -> None:
+    """Remove an image directory's files (then the directory, if nothing else is left in it)."""
+    for name in FILES:
+        (directory / name).unlink(missing_ok=True)
+    for user in directory.glob("user-*.json"):
+        user.unlink(missing_ok=True)
+    try:
+        directory.rmdir()
+    except OSError:
+        pass

@@ -1,9 +1,10 @@
 """The overlapped strategy's writer process: file I/O only, no torch.
 
 Reads from stdin: a JSON header line {"step", "world_size", "config_hash", "size"} then
-`size` bytes of payload; commits each with the atomic protocol and answers one JSON line
-{"step", "write_s"} on stdout. EOF in the middle of a payload (the trainer died) means
-that save never happened: nothing is committed.
+`size` bytes of payload; commits each with the atomic protocol and answers one JSON line on stdout:
+{"step", "ok": true, "write_s"}, or {"step", "ok": false, "path", "errno", "error", "free_bytes"} when
+the disk refused it (nothing of it is left there). EOF in the middle of a payload (the trainer died)
+means that save never happened: nothing is committed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main() -> int:
                           config_hash=header["config_hash"], strategy=args.strategy, keep=args.keep)
             reply = {"step": header["step"], "write_s": time.perf_counter() - started, "ok": True}
         except OSError as exc:
-            reply = {"step": header["step"], "ok": False, "error": str(exc)}
+            reply = {"step": header["step"], "ok": False, **atomic.describe_failure(Path(args.root), exc)}
         stdout.write(json.dumps(reply) + "\n")
         stdout.flush()
 
