@@ -7,7 +7,7 @@ read from the run's own ledger after the moment the fault was injected:
 | kind                                              | expected effect                                   |
 |---------------------------------------------------|---------------------------------------------------|
 | kill, kill-boundary, kill-midstep, kill-leader,    | a newer generation commits a step                 |
-| hang, early-restart, lose                         |                                                   |
+| hang, early-restart, lose, raise, raise-midstep   |                                                   |
 | replace                                           | a step is committed at the job's full world size  |
 | preempt                                           | the job stops at a step boundary, then resumes    |
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
@@ -29,6 +29,7 @@ RESUME_FROM_CHECKPOINT = "the relaunched job resumes from a checkpoint"
 SPARE_REPLACED = "its launcher replaces the hot spare it hit"
 
 EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midstep": NEW_GENERATION,
+           "raise": NEW_GENERATION, "raise-midstep": NEW_GENERATION,
            "kill-leader": NEW_GENERATION, "hang": NEW_GENERATION, "early-restart": NEW_GENERATION,
            "lose": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
            "ckpt-crash": RESUME_FROM_CHECKPOINT}

@@ -15,7 +15,7 @@ from typing import Any
 from chaos.inject import marker_name
 from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
-from chaos.scenario import RANK_KINDS, Fault, Scenario
+from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, Fault, Scenario
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.log import get_logger
 from ftcoord.store import get_or_none
@@ -82,9 +82,9 @@ class ChaosRunner:
 
     def _plan(self) -> list[dict[str, Any]]:
         """In-rank faults become the training hook's plan (named by their index: one marker each)."""
-        points = {"kill-boundary": "at_boundary", "kill-midstep": "after_backward"}
-        return [{"kind": "exit", "point": points[f.kind], "step": f.step, "name": f"fault{i}",
-                 **({"rank": f.rank} if f.rank is not None else {"slot": f.slot})} for i, f in self.faults if f.in_rank]
+        return [{"kind": IN_RANK_ACTIONS[f.kind][0], "point": IN_RANK_ACTIONS[f.kind][1], "step": f.step,
+                 "name": f"fault{i}", **({"rank": f.rank} if f.rank is not None else {"slot": f.slot})}
+                for i, f in self.faults if f.in_rank]
 
     def _crash_spec(self) -> str | None:
         crashes = [f for _, f in self.faults if f.kind == "ckpt-crash"]
@@ -180,7 +180,7 @@ class ChaosRunner:
         for index, fault in self.faults:
             if not fault.in_rank or any(e.index == index for e in self.events):
                 continue
-            point = "at_boundary" if fault.kind == "kill-boundary" else "after_backward"
+            point = IN_RANK_ACTIONS[fault.kind][1]
             rank_or_slot = (None, fault.rank) if fault.rank is not None else (fault.slot, None)
             marker = self.out / marker_name(f"fault{index}", *rank_or_slot, point, fault.step)
             if marker.exists() and marker.stat().st_size:

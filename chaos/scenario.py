@@ -31,13 +31,16 @@ from training.models import MODELS
 BUNDLED = Path(__file__).parent / "scenarios"
 
 # Injected by the rank itself through the training hook (boundary-safe, exact step).
-IN_RANK_KINDS = ("kill-boundary", "kill-midstep")
+IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "raise", "raise-midstep")
 # Sent by the runner from outside, as real faults arrive.
 OUTSIDE_KINDS = ("kill", "kill-leader", "hang", "preempt", "ckpt-crash", "lose", "replace", "early-restart")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
-RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang")
+RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep")
 # Kinds that may aim at a rank ("whoever holds rank r at that step") instead of a slot.
-RANK_KINDS = ("kill-boundary", "kill-midstep", "kill", "hang", "early-restart")
+RANK_KINDS = ("kill-boundary", "kill-midstep", "kill", "hang", "early-restart", "raise", "raise-midstep")
+# In-rank faults: what the training hook does, and where in the step.
+IN_RANK_ACTIONS = {"kill-boundary": ("exit", "at_boundary"), "kill-midstep": ("exit", "after_backward"),
+                   "raise": ("raise", "at_boundary"), "raise-midstep": ("raise", "after_backward")}
 
 
 class ScenarioError(FatalError, ValueError):

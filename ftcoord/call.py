@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ftcoord import keys
+from ftcoord import evidence, group_sockets, keys
 from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
 from ftcoord.log import get_logger
@@ -66,6 +66,7 @@ class CallWrapper:
         self._pg_timeout = pg_timeout
         self._group: dist.ProcessGroup | None = None
         self._backend: str | None = None
+        self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.group_sockets)
         self._atomic_depth = 0
         self.step: int = -1
         """The last step this process committed; set it so the next join can report it."""
@@ -167,9 +168,13 @@ class CallWrapper:
             device_id = torch.device("cuda", int(os.environ.get(LOCAL_RANK_ENV, "0")))
             torch.cuda.set_device(device_id)
         store = dist.PrefixStore(keys.process_group(self.iteration), self._pg_store)
-        dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
-                                timeout=self._pg_timeout, device_id=device_id)
+        with group_sockets.opened_by(self._sockets):
+            dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
+                                    timeout=self._pg_timeout, device_id=device_id)
         self._group = dist.group.WORLD
+        if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.evidence)
+            evidence.publish_addresses(self.store, self.iteration, self.slot,
+                                       evidence.local_addresses(self._sockets))
         self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
                        world_size=self.world_size)
         return self._group
@@ -178,16 +183,38 @@ class CallWrapper:
         """This generation's process group (created on first use, default backend)."""
         return self.init_process_group()
 
-    def teardown(self) -> None:
-        """Destroy what this generation created, so the next one starts clean."""
+    def report_closed_peers(self, exc: BaseException) -> list[int] | None:
+        """After a failed collective: record a closed connection (ftcoord.evidence); the members it names,
+        or None when the failure was not one."""
+        if self._backend != "gloo" or self._group is None:
+            return None
+        try:
+            return evidence.report_closed(self.store, self.iteration, self.slot, exc)
+        except Exception as error:  # evidence is an optimisation: the heartbeat timeout still decides
+            self._log.warning("evidence_report_failed", error=str(error))
+            return None
+
+    def teardown(self, failed: bool = False) -> None:
+        """Destroy what this generation created, so the next one starts clean.
+
+        Args:
+            failed: the generation ended by a failure (an exception here, a peer's, an interrupt):
+                no peer may stay blocked in one of its collectives, whoever still references the
+                group (NCCL: the communicator is aborted; gloo: its sockets are shut down).
+        """
         if self._group is None:
             return
         try:
             if self._backend == "nccl":
-                # NCCL can abort in-flight collectives; gloo cannot (fencing covers that).
                 dist.distributed_c10d._abort_process_group()
             else:
                 dist.destroy_process_group()
         except Exception as exc:  # a broken group is being thrown away anyway
             self._log.warning("process_group_teardown_failed", error=str(exc))
+        if failed:
+            with contextlib.suppress(Exception):  # the store may be gone; the sockets go down regardless
+                evidence.announce_leaving(self.store, self.iteration, self.slot)
+            released = group_sockets.shut_down(self._sockets)
+            self._log.info("process_group_released", sockets=released)
+        self._sockets.clear()
         self._group = None

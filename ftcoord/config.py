@@ -54,6 +54,12 @@ class Timing:
             )
 
     @property
+    def evidence_silence(self) -> float:
+        """After a connection closed under a generation's collective: how long a member that has not
+        rejoined may stay silent before it counts as gone (one late beat is not a death)."""
+        return 1.5 * self.heartbeat_interval
+
+    @property
     def tick(self) -> float:
         """How often the leader re-reads liveness when nothing wakes it earlier."""
         return min(self.heartbeat_interval / 2, 0.25)

@@ -88,6 +88,16 @@ def finished(generation: int) -> str:
     return f"gen/{generation}/finished"
 
 
+def addresses(generation: int) -> str:
+    """Append-only "slot host:port,..." lines: each member's end of its group's connections."""
+    return f"gen/{generation}/addresses"
+
+
+def evidence(generation: int) -> str:
+    """Append-only "leaving <slot>" / "closed <slot> <reporter>" lines (see ftcoord.evidence)."""
+    return f"gen/{generation}/evidence"
+
+
 def process_group(generation: int) -> str:
     """Prefix of the torch.distributed rendezvous keys of a generation."""
     return f"gen/{generation}/pg"

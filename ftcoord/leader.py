@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord import keys
+from ftcoord import evidence, keys
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.log import get_logger
@@ -103,6 +103,7 @@ class LeaderDuty:
         self._claim: LeaderClaim | None = None
         self._open: dict[int, _OpenGeneration] = {}
         self._fenced: set[tuple[int, int]] = set()
+        self._closed_in: GenerationRecord | None = None
         self._stop = threading.Event()
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-leader-{slot}", daemon=True)
@@ -179,12 +180,30 @@ class LeaderDuty:
             return
         if holder.slot is not None:
             fact = facts.get(holder.slot)
-            if fact is None or self._alive(fact, holder.incarnation):
+            if fact is None or (self._alive(fact, holder.incarnation)
+                                and holder.slot not in self._gone_by_evidence(self._closed_in)):
                 return
         mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
         won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
         if won == str(mine):
             self._become(mine, previous=holder)
+
+    def note_closed(self, record: GenerationRecord) -> None:
+        """A connection closed under a collective of ours in `record`'s generation: a hint to look at
+        the evidence (ftcoord.evidence) when judging its members, the leader among them."""
+        self._closed_in = record
+
+    def _gone_by_evidence(self, record: GenerationRecord | None, joined: set[int] = frozenset()) -> set[int]:
+        """Members of `record` gone by evidence: a connection closed under the generation, and they neither
+        rejoined, nor said they were leaving, nor beat for `evidence_silence` (ftcoord.evidence)."""
+        if record is None or record.failed is not None:
+            return set()
+        closed, leaving = evidence.read(self._store, record.generation)
+        if not closed:
+            return set()
+        silence = self._timing.evidence_silence
+        return {m for m in record.members if m not in joined and m not in leaving
+                and self._observer.silent_for(f"hb/{m}") >= silence}
 
     def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
         self._claim = claim
@@ -214,7 +233,7 @@ class LeaderDuty:
             running = record is not None and record.failed is None and any(
                 m in facts and self._alive(facts[m], i)
                 for m, i in zip(record.members, record.incarnations, strict=True))
-            if self._maybe_decide(generation, facts, read_at, running):
+            if self._maybe_decide(generation, facts, read_at, running, record):
                 return  # decided: look again at once
         joined = read_int(self._store, keys.join_count(generation))
         # Sleep until the next joiner arrives or a tick passes, whichever is first.
@@ -272,7 +291,8 @@ class LeaderDuty:
             return True
         return self._store.check([keys.interrupt(current)])
 
-    def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool) -> bool:
+    def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
+                      previous: GenerationRecord | None) -> bool:
         joins = read_joins(self._store, generation)
         live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
                 and self._alive(facts[j.slot])]
@@ -282,7 +302,9 @@ class LeaderDuty:
             clock.joiners_seen, clock.last_change = len(live), now
 
         joined_slots = {j.slot for j in live}
-        expected = {s for s, f in facts.items() if self._alive(f)}
+        # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
+        gone = self._gone_by_evidence(previous, joined_slots)
+        expected = {s for s, f in facts.items() if self._alive(f) and s not in gone}
         on_its_way: set[int] = set()
         if len(live) < self._policy.target_world_size:
             # Below target: wait for replacements a launcher is starting, rather than shrink now
@@ -363,6 +385,6 @@ class LeaderDuty:
             return
         count = read_int(self._store, keys.join_count(generation))
         for key in (keys.record(generation), keys.joiners(generation), keys.join_count(generation),
-                    keys.interrupt(generation),
+                    keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
                     keys.finished(generation), *(keys.join_signal(generation, n) for n in range(1, count + 1))):
             self._store.delete_key(key)

@@ -8,9 +8,7 @@ turns a hang into a crash that peers blocked in a gloo collective see immediatel
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -24,10 +22,11 @@ from ftcoord import env, keys, scratch
 from ftcoord.heartbeat import mark_dead
 from ftcoord.log import get_logger
 from ftcoord.slots import SPARE_SLOT_BASE
-from ftcoord.standby import READY_FD_ENV, PythonCommand
+from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
 from ftcoord.store import get_or_none, read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
+STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -71,7 +70,7 @@ class SlotProcess:
 
     slot: int
     local_rank: int
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | ForkedProcess | None = None
     incarnation: int = 0  # the incarnation the process gets when it registers
     restarts: int = 0
     restart_due: float | None = None
@@ -83,13 +82,6 @@ class SlotProcess:
     """The incarnation announced as on its way (keys.replacing) until it registers; 0 when none."""
     replacing_beat: int = 0
     replacing_beat_at: float = 0.0
-
-
-@dataclass
-class Standby:
-    process: subprocess.Popen[bytes]
-    ready_fd: int
-    ready: bool = False
 
 
 def omp_threads_per_process(nproc: int) -> str:
@@ -111,18 +103,19 @@ class Supervisor:
     config: LaunchConfig
     store: dist.Store  # job-scoped
     slots: dict[int, SlotProcess] = field(default_factory=dict)
-    standbys: list[Standby] = field(default_factory=list)
+    standby: WarmStandby | None = None
+    _standby_started: float | None = None
     job_restarts: int = 0
     terminating_since: float | None = None
 
     def __post_init__(self) -> None:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
         self._python_command = PythonCommand.parse(self.config.command)
-        self._standby_count = self.config.warm_standby if self._python_command else 0
+        self._use_standby = bool(self.config.warm_standby and self._python_command)
         if self.config.warm_standby and not self._python_command:
             self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
         if self.config.restart_policy == "job":
-            self._standby_count = 0  # the whole-job restart baseline starts every process afresh
+            self._use_standby = False  # the whole-job restart baseline starts every process afresh
         self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
         self._env = children_env(self.config.nproc)
         if "OMP_NUM_THREADS" not in os.environ:
@@ -144,16 +137,21 @@ class Supervisor:
             values[env.LOG_DIR_ENV] = self.config.log_dir
         return values
 
-    def _start(self, slot: SlotProcess, replacement: bool = True) -> None:
+    def _start(self, slot: SlotProcess, from_standby: bool = True) -> None:
+        """Start the slot's process: forked by the warm standby, or a new interpreter.
+
+        While the standby is still warming up (it was started moments ago, or restarted), the start
+        waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
+        """
+        forked = self._fork(slot) if from_standby and self._use_standby else None
+        if forked is None and self._standby_warming():
+            slot.restart_due = time.monotonic() + 0.02  # asked again at the next ticks
+            return
         slot.incarnation = read_int(self.store, keys.incarnation(slot.slot)) + 1
         for key in (keys.fence, keys.atomic):  # exist before the child does: _fence never blocks
             self.store.compare_set(key(slot.slot), "", "0")
-        standby = self._take_ready_standby() if replacement else None
-        if standby is not None:
-            assert standby.process.stdin is not None
-            standby.process.stdin.write((json.dumps({"env": self._child_env(slot)}) + "\n").encode())
-            standby.process.stdin.flush()
-            slot.process, slot.from_standby = standby.process, True
+        if forked is not None:
+            slot.process, slot.from_standby = forked, True
         else:
             slot.process = subprocess.Popen(self.config.command, env={**self._env, **self._child_env(slot)})
             slot.from_standby = False
@@ -161,70 +159,61 @@ class Supervisor:
         self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
                        from_standby=slot.from_standby, restarts=slot.restarts)
 
-    # -- warm standbys -------------------------------------------------------------------
+    # -- the warm standby -----------------------------------------------------------------
 
-    def _spawn_standby(self) -> None:
-        read_fd, write_fd = os.pipe()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ftcoord.standby", "--", *self.config.command],
-            stdin=subprocess.PIPE, pass_fds=(write_fd,),
-            env={**self._env, READY_FD_ENV: str(write_fd), env.LAUNCHER_PID_ENV: str(os.getpid())},
-        )
-        os.close(write_fd)
-        self.standbys.append(Standby(process, read_fd))
+    def _refresh_standby(self) -> None:
+        """Keep one warm standby (see ftcoord.standby) while the job runs; note when it is ready.
 
-    def _refresh_standbys(self) -> None:
-        for standby in list(self.standbys):
-            if standby.process.poll() is not None:
-                os.close(standby.ready_fd)
-                self.standbys.remove(standby)
-                self._log.warning("standby_died", pid=standby.process.pid, code=standby.process.returncode)
-            elif not standby.ready and select.select([standby.ready_fd], [], [], 0)[0]:
-                standby.ready = os.read(standby.ready_fd, 64).startswith(b"ready")
-        while len(self.standbys) < self._standby_count and self.terminating_since is None:
-            self._spawn_standby()
-
-    def _take_ready_standby(self) -> Standby | None:
-        """A ready standby, else the one furthest into its warm-up.
-
-        A standby still importing is always closer to running than a new interpreter: it
-        reads its slot assignment as soon as its warm-up is done.
+        The first one warms up at normal priority: the node's ranks are forked from it, nothing
+        else runs yet. One started again later (the first died) warms up niced, beside training.
         """
-        self._refresh_standbys()
-        alive = [s for s in self.standbys if s.process.poll() is None]
-        if not alive:
-            return None
-        standby = next((s for s in alive if s.ready), alive[0])  # alive[0] started first
-        self.standbys.remove(standby)
-        os.close(standby.ready_fd)
-        return standby
+        if not self._use_standby or self.terminating_since is not None:
+            return
+        if self.standby is not None and not self.standby.alive:
+            self._log.warning("standby_died", pid=self.standby.process.pid, code=self.standby.process.returncode)
+            self.standby = None
+        if self.standby is None:
+            first = self._standby_started is None
+            self.standby = WarmStandby.start(self.config.command, {**self._env, env.LAUNCHER_PID_ENV: str(os.getpid())},
+                                             niced=not first)
+            self._standby_started = time.monotonic()
+        was_ready = self.standby.ready
+        self.standby.pump()
+        if self.standby.ready and not was_ready:
+            self._log.info("standby_ready", pid=self.standby.process.pid,
+                           warmup_s=round(time.monotonic() - (self._standby_started or 0.0), 3))
 
-    def _release_standbys(self) -> None:
-        for standby in self.standbys:
-            if standby.process.stdin:
-                standby.process.stdin.close()  # EOF: the standby exits 0
-            os.close(standby.ready_fd)
-        for standby in self.standbys:
-            try:
-                standby.process.wait(10)
-            except subprocess.TimeoutExpired:
-                standby.process.kill()
-        self.standbys.clear()
+    def _standby_warming(self) -> bool:
+        """The standby is alive, not ready yet, and has not taken longer than STANDBY_WAIT_S."""
+        return (self.standby is not None and self.standby.alive and not self.standby.ready
+                and self._standby_started is not None and time.monotonic() - self._standby_started < STANDBY_WAIT_S)
+
+    def _fork(self, slot: SlotProcess) -> ForkedProcess | None:
+        """The slot's process forked by the ready warm standby, in milliseconds; None when it is not ready."""
+        self._refresh_standby()
+        if self.standby is None:
+            return None
+        return self.standby.spawn(self._child_env(slot))
+
+    def _release_standby(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
+            self.standby = None
 
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> int:
         self._take_scratch()
         try:
+            self._refresh_standby()  # the node's ranks are forked from it as soon as it is warm
             for local_rank, slot in enumerate(self.config.slots):
                 self.slots[slot] = SlotProcess(slot, local_rank)
-                self._start(self.slots[slot], replacement=False)
-            self._refresh_standbys()
+                self._start(self.slots[slot])
             while True:
                 now = time.monotonic()
                 code = self._tick(now)
                 if code is not None:
-                    self._release_standbys()
+                    self._release_standby()
                     return code
                 time.sleep(self.config.poll_s)
         finally:
@@ -253,7 +242,7 @@ class Supervisor:
             return EXIT_OK
         self._announce_replacements(now)
         self._fence(now)
-        self._refresh_standbys()
+        self._refresh_standby()
         return None
 
     def _on_exit(self, slot: SlotProcess, code: int) -> int | None:
@@ -330,7 +319,7 @@ class Supervisor:
         self._log.warning("job_restart", job_restarts=self.job_restarts)
         for slot in self.slots.values():
             slot.finished = False
-            self._start(slot, replacement=False)
+            self._start(slot, from_standby=False)
         return None
 
     def _kill_all(self) -> None:

@@ -164,7 +164,7 @@ class Wrapper:
                     participant.generations.fail(message)
                     participant.interrupt(f"fatal:slot={participant.slot}")
                     logger.error("job_failed", error=message)
-                    call.teardown()
+                    call.teardown(failed=True)
                     raise
                 except Exception as exc:  # any fault of this generation: restart in-process
                     cause: BaseException = exc
@@ -172,7 +172,13 @@ class Wrapper:
                     # raised) or a collective failed because of a peer. Only this rank's own
                     # failures count against max_restarts.
                     collateral = is_peer_failure(exc) or participant.generations.is_interrupted(record.generation)
-                    participant.interrupt(f"exception:slot={participant.slot}:{type(exc).__name__}")
+                    closed = call.report_closed_peers(exc)
+                    if closed is not None:
+                        participant.leader.note_closed(record)
+                    participant.interrupt(f"exception:slot={participant.slot}:{type(exc).__name__}"
+                                          + (f":closed={','.join(map(str, closed)) or '?'}" if closed is not None
+                                             else ""))
+                    call.teardown(failed=True)  # peers blocked in this generation's collectives fail now
                 else:
                     call.teardown()
                     if not participant.interrupted and participant.finish():
@@ -181,7 +187,7 @@ class Wrapper:
                         return result
                     cause = GenerationInterrupted(f"generation {record.generation} ended before every member returned")
                 finally:
-                    call.teardown()
+                    call.teardown(failed=True)  # a no-op after the teardowns above; else an exit mid-generation
                     step = call.step
                 restarts += 1
                 own_failures += not collateral

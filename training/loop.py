@@ -102,6 +102,8 @@ class Trainer:
                           restarts=call.restarts, config_hash=self.config_hash, trajectory=config.trajectory(),
                           grad_reduction=config.grad_reduction, threads=torch.get_num_threads())
         self._double_step_pending = self.planted_bug == DOUBLE_STEP_AFTER_RESUME and state.step > 0
+        if self.checkpoint is not None and rank == 0:
+            self.checkpoint.prepare()
         # Buffers (BatchNorm statistics) are synced after backward rather than at the next forward
         # (DDP's default) and rolled back when a step fails: see training.buffers.
         ddp = DDP(state.model, broadcast_buffers=False)

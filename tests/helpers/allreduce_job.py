@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ftcoord import CallWrapper, Wrapper, log
 
@@ -38,6 +39,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--progress-timeout", type=float, default=None)
     p.add_argument("--pg-timeout", type=float, default=30.0)
     p.add_argument("--max-restarts", type=int, default=32)
+    p.add_argument("--hold-ddp", action="store_true",
+                   help="hold the group and a DDP module as users do: in the function's locals and in an object "
+                        "that outlives the generation")
     return p.parse_args(argv)
 
 
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return True
 
     state = {"step": 0}
+    kept: list[object] = []
     log.configure(out / f"log-slot{slot}-{os.getpid()}.jsonl")
 
     @Wrapper(min_world_size=args.min_world_size, heartbeat_interval=args.heartbeat_interval,
@@ -71,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
              barrier_timeout=args.barrier_timeout, progress_timeout=args.progress_timeout,
              pg_timeout=args.pg_timeout, max_restarts=args.max_restarts)
     def train(call: CallWrapper) -> str:
-        call.init_process_group("gloo")
+        group = call.init_process_group("gloo")
+        ddp = DDP(torch.nn.Linear(2, 2)) if args.hold_ddp else None
+        if ddp is not None:
+            kept.append((group, ddp))  # a long-lived object of the user's: no frame clearing drops these
         held = torch.tensor([state["step"]], dtype=torch.int64)
         dist.all_reduce(held, op=dist.ReduceOp.MAX)  # heal: continue from the furthest member
         state["step"] = int(held.item())

@@ -106,3 +106,10 @@ def test_random(tmp_path: Path) -> None:
 def test_demo(tmp_path: Path) -> None:
     report = run("demo", tmp_path)
     assert len(report["faults"]) == 4
+
+
+def test_raise(tmp_path: Path) -> None:
+    """Exceptions restart every rank in-process: no process restart, the world size kept."""
+    report = run("raise", tmp_path)
+    assert report["world_sizes"] == [3] and report["restarts"] == 0 and report["in_process_restarts"] >= 6
+    assert all(f["recover_s"] is not None and f["recover_s"] < 2.0 for f in report["faults"]), report["faults"]

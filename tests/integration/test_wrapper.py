@@ -99,3 +99,25 @@ def test_iteration_is_equal_on_all_ranks_and_strictly_increasing(
         assert generations == [1, 2, 3, 4]
     run.assert_correct(30)
     _ = time  # measured latency is printed by the first test
+
+
+def test_an_exception_releases_a_peer_blocked_in_a_collective_at_once_whatever_holds_the_group(
+    forker: Forker, store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """Rank 1 raises while rank 0 waits in an all-reduce; both hold the group and a DDP module, in their
+    locals and in an object that outlives the generation (as users do). gloo keeps a referenced group's
+    sockets open, so without the release rank 0 stays blocked (until join_timeout shrinks the world to 1,
+    then the process-group timeout). With it: released in milliseconds, same PID, world size kept."""
+    pids = start_ranks(forker, store_server.address, job_id, tmp_path, 2, "--steps", "30", "--raise-at", "1:10",
+                       "--hold-ddp", "--join-timeout", "8", "--pg-timeout", "30", "--heartbeat-timeout", "5")
+    codes = wait_exit(forker, pids, 90)
+    assert set(codes.values()) == {0}
+    run = AllreduceRun(tmp_path)
+    fault = run.events("fault")[0]
+    peer_restart = next(e for e in run.logs("in_process_restart") if e["slot"] == 0 and e["mono"] > fault["mono"])
+    released_s = peer_restart["mono"] - fault["mono"]
+    print(f"peer released {released_s * 1000:.0f} ms after the exception")
+    assert released_s < 0.5, f"the peer stayed blocked {released_s:.2f}s"
+    second = run.generation_starts(2)
+    assert {e["world_size"] for e in second} == {2} and {e["pid"] for e in second} == set(pids)
+    run.assert_correct(30)

@@ -80,6 +80,9 @@ class CheckpointStrategy:
     def save(self, state: TrainState, world_size: int) -> SaveStats:
         raise NotImplementedError
 
+    def prepare(self) -> None:
+        """This process will save (it is rank 0): start what saving needs, ahead of the first save."""
+
     def flush(self) -> None:
         """Block until every save handed to the background is durable or failed."""
 

@@ -152,6 +152,12 @@ class FlashCheckpoint(CheckpointStrategy):
                 with contextlib.suppress(OSError):
                     self._collect()
 
+    def prepare(self) -> None:
+        """Start the persister now: its Python and torch import (seconds, niced) overlap training instead
+        of stalling the save after the first, which must wait until the persister read the buffer."""
+        if self._buffer is None:
+            self._start()
+
     def save(self, state: TrainState, world_size: int) -> SaveStats:
         self.raise_if_failing()
         started = time.perf_counter()

@@ -1,0 +1,109 @@
+"""Evidence of a member's death from its peers' failed collectives: no heartbeat timeout to wait.
+
+When a process dies with no launcher left to report it (its node is lost), its peers learn at once:
+their gloo collective fails with "Connection closed by peer [10.0.0.7]:41234". That proves that some
+member of the generation died or left it; it does not prove which one (gloo tears down pairs in a
+cascade, so a survivor may name a live peer, and each names only the first connection that broke).
+A live process proves itself within a heartbeat interval: its heartbeat thread beats whatever its
+training thread is doing. So once a generation has a closed-connection report, a member that has
+not rejoined, did not announce that it was leaving on purpose, and whose heartbeat has been silent
+for 1.5 intervals is gone, and the leader decides without it (`Timing.evidence_silence`: 0.75 s at the
+default interval, instead of the 5 s heartbeat timeout). Nobody is fenced on this evidence: a member
+that was alive after all (a paused process) joins the next generation and the job grows back.
+
+Members publish the local addresses of their group's connections when the group forms, so a
+report names the member it saw close (for the log and the operator); a member that leaves a
+generation on purpose (an in-process restart) announces it before it shuts its sockets down.
+Both lists are one append-only key per generation (`gen/<g>/addresses`, `gen/<g>/evidence`): one
+store operation to publish, one to read, deleted with the generation's other keys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.store import get_or_none
+
+# gloo names the peer of a broken connection in its errors: "... [127.0.0.1]:36004 ...".
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:(\d+)")
+_CLOSED_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def local_addresses(sockets: dict[int, str]) -> list[str]:
+    """"host:port" of this process's end of each connected socket in `sockets` (fd -> inode)."""
+    found = []
+    for fd in sockets:
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                host, port = sock.getsockname()[:2]
+                found.append(f"{host}:{port}")
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return found
+
+
+def publish_addresses(store: dist.Store, generation: int, slot: int, addresses: list[str]) -> None:
+    store.append(keys.addresses(generation), f"{slot} {','.join(addresses)}\n")
+
+
+def announce_leaving(store: dist.Store, generation: int, slot: int) -> None:
+    """This member leaves the generation on purpose (before its sockets close)."""
+    store.append(keys.evidence(generation), f"leaving {slot}\n")
+
+
+def closed_peer(exc: BaseException) -> set[str]:
+    """The addresses a failed collective may mean by the peer that closed on us (empty: it names none).
+
+    gloo (torch 2.14) prints the port byte-swapped: it formats a network-order port without
+    converting it (a socket at 40666, 0x9EDA, appears as 55966, 0xDA9E). Both readings are kept;
+    ports of a job's members do not collide, so the right member is still named.
+    """
+    text = str(exc)
+    if not any(marker in text for marker in _CLOSED_MARKERS):
+        return set()
+    match = _PEER_ADDRESS.search(text)
+    if not match:
+        return set()
+    host, port = match.group(1), int(match.group(2))
+    swapped = ((port & 0xFF) << 8) | (port >> 8)
+    return {f"{host}:{port}", f"{host}:{swapped}"}
+
+
+def report_closed(store: dist.Store, generation: int, slot: int, exc: BaseException) -> list[int] | None:
+    """After a failed collective: record that a connection closed under it (None when the failure
+    says no such thing), naming the member it closed on where the published addresses tell."""
+    candidates = closed_peer(exc)
+    if not candidates:
+        return None  # a timeout, an error of our own: no evidence
+    raw = get_or_none(store, keys.addresses(generation))
+    named = []
+    for line in (raw or b"").decode().splitlines():
+        member, _, listed = line.partition(" ")
+        if candidates & set(listed.split(",")) and int(member) != slot:
+            named.append(int(member))
+    store.append(keys.evidence(generation), f"closed {','.join(map(str, named)) or '?'} {slot}\n")
+    return named
+
+
+def read(store: dist.Store, generation: int) -> tuple[bool, set[int]]:
+    """(whether a connection closed under a collective of `generation`, the members that announced leaving)."""
+    raw = get_or_none(store, keys.evidence(generation))
+    closed, leaving = False, set()
+    for line in (raw or b"").decode().splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "closed":
+            closed = True
+        elif kind == "leaving":
+            leaving.add(int(rest))
+    return closed, leaving
