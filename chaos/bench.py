@@ -16,25 +16,18 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from chaos.metrics import fault_timings, goodput
+from chaos.bench_recovery import DEFAULT, bench_recovery_by_fault, default_job, summary
+from chaos.metrics import goodput
 from chaos.run import ChaosRunner
-from chaos.scenario import Fault, JobSpec, Scenario
-from ftcoord import StoreServer, Timing, connect, job_store
+from chaos.scenario import Fault, Scenario
+from ftcoord import StoreServer, connect, job_store
 from ftcoord import keys as ftkeys
 from training.ledger import read_ledgers
-
-DEFAULT = Timing()
-
-
-def summary(samples: list[float], digits: int = 4) -> dict[str, Any]:
-    return {"median": round(statistics.median(samples), digits), "min": round(min(samples), digits),
-            "max": round(max(samples), digits), "samples": [round(s, digits) for s in samples]}
 
 
 def machine() -> dict[str, Any]:
@@ -49,29 +42,46 @@ def _env() -> dict[str, str]:
 
 # -- overhead ----------------------------------------------------------------------------
 
-def bench_overhead(store: str, out: Path, reps: int, steps: int) -> dict[str, Any]:
-    ratios, bare_ms, wrapped_ms = [], [], []
+def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int) -> float:
+    """The median step time (s) of a 2-rank DDP probe after its warm-up."""
+    job = f"bench-{mode}-{reduction}-{uuid.uuid4().hex[:6]}"
+    files = [out / f"steps-{job}-{r}.json" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "chaos.bench_workers", "steps", "--mode", mode, "--reduction",
+                               reduction, "--rank", str(r), "--store", store, "--job", job, "--out", str(files[r]),
+                               "--steps", str(steps)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for r in range(2)]
+    for p in procs:
+        p.wait(600)
+    return statistics.median(json.loads(files[0].read_text())["times"][steps // 5:])  # skip the warm-up
+
+
+def _paired(store: str, out: Path, reps: int, steps: int, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
+    """Step times of two probe configurations (mode, reduction), alternating which goes first."""
+    a_ms, b_ms, ratios = [], [], []
     for rep in range(reps):
-        order = ("bare", "wrapped") if rep % 2 == 0 else ("wrapped", "bare")
-        measured = {}
-        for mode in order:
-            job = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
-            files = [out / f"overhead-{job}-{r}.json" for r in range(2)]
-            procs = [subprocess.Popen([sys.executable, "-m", "chaos.bench_workers", "steps", "--mode", mode,
-                                       "--rank", str(r), "--store", store, "--job", job, "--out", str(files[r]),
-                                       "--steps", str(steps)], env=_env(), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL) for r in range(2)]
-            for p in procs:
-                p.wait(600)
-            times = json.loads(files[0].read_text())["times"][steps // 5:]  # skip the warm-up
-            measured[mode] = statistics.median(times)
-        bare_ms.append(measured["bare"] * 1000)
-        wrapped_ms.append(measured["wrapped"] * 1000)
-        ratios.append(measured["wrapped"] / measured["bare"])
+        first, second = (a, b) if rep % 2 == 0 else (b, a)
+        times = {first: _step_times(store, out, *first, steps), second: _step_times(store, out, *second, steps)}
+        a_ms.append(times[a] * 1000)
+        b_ms.append(times[b] * 1000)
+        ratios.append(times[b] / times[a])
     # Per-repetition ratios swing by several % on 2 shared cores; the ratio of the medians
     # over all repetitions is the steadier estimate (both are reported).
-    return {"ratio_of_medians": round(statistics.median(wrapped_ms) / statistics.median(bare_ms), 4),
-            "ratio": summary(ratios), "bare_step_ms": summary(bare_ms, 3), "wrapped_step_ms": summary(wrapped_ms, 3)}
+    return {"ratio_of_medians": round(statistics.median(b_ms) / statistics.median(a_ms), 4), "ratio": summary(ratios),
+            "a_step_ms": summary(a_ms, 3), "b_step_ms": summary(b_ms, 3)}
+
+
+def bench_overhead(store: str, out: Path, reps: int, steps: int) -> dict[str, Any]:
+    """Bare DDP vs the same loop under @Wrapper (both with DDP's built-in all-reduce)."""
+    paired = _paired(store, out, reps, steps, ("bare", "allreduce"), ("wrapped", "allreduce"))
+    return {"ratio_of_medians": paired["ratio_of_medians"], "ratio": paired["ratio"],
+            "bare_step_ms": paired["a_step_ms"], "wrapped_step_ms": paired["b_step_ms"]}
+
+
+def bench_reduction(store: str, out: Path, reps: int, steps: int) -> dict[str, Any]:
+    """Bare DDP: its built-in all-reduce vs the fixed-order reduction (training's default)."""
+    paired = _paired(store, out, reps, steps, ("bare", "allreduce"), ("bare", "fixed"))
+    return {"ratio_of_medians": paired["ratio_of_medians"], "ratio": paired["ratio"],
+            "allreduce_step_ms": paired["a_step_ms"], "fixed_step_ms": paired["b_step_ms"]}
 
 
 # -- generation advance -------------------------------------------------------------------
@@ -143,54 +153,11 @@ def _wait_for(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.005)
 
 
-# -- faults through the chaos runner ----------------------------------------------------------
-
-def _job(**overrides: Any) -> JobSpec:
-    """A job with the defaults a user gets (Timing(), launcher defaults)."""
-    base = JobSpec(nproc=2, steps=300, global_batch=32, dataset="synthetic:2048", step_time=0.02,
-                   ckpt_strategy="blocking", ckpt_every=10, heartbeat_interval=DEFAULT.heartbeat_interval,
-                   heartbeat_timeout=DEFAULT.heartbeat_timeout, join_timeout=DEFAULT.join_timeout)
-    return replace(base, **overrides)
-
-
-def _fault_run(out: Path, name: str, job: JobSpec, faults: tuple[Fault, ...]) -> dict[str, Any]:
-    run_dir = out / "runs" / f"{name}-{uuid.uuid4().hex[:6]}"
-    result = ChaosRunner(Scenario(name, name, job, faults), run_dir, quiet=True).run()
-    if not result.completed:
-        raise RuntimeError(f"benchmark run {name} failed: {result.error}")
-    events = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]
-    timings = fault_timings(events, read_ledgers(run_dir / "logs"), run_dir / "logs", job.nproc)
-    return timings[0] if timings else {}
-
-
-def bench_detect(out: Path, reps: int, steps: int) -> dict[str, Any]:
-    job = _job(steps=steps, ckpt_strategy="none")
-    kill, hang = [], []
-    at = steps // 3
-    for _ in range(reps):
-        kill.append(_fault_run(out, "detect-kill", job, (Fault("kill", 1, at),))["detect_s"])
-        hang.append(_fault_run(out, "detect-hang", job, (Fault("hang", 1, at, duration=DEFAULT.heartbeat_timeout
-                                                               + 5),))["detect_s"])
-    return {"kill": summary(kill), "hang": summary(hang)}
-
-
-def bench_recovery(out: Path, reps: int, steps: int) -> dict[str, Any]:
-    slot_recover, slot_full, job_recover = [], [], []
-    for rep in range(reps):
-        for policy in (("slot", "job") if rep % 2 == 0 else ("job", "slot")):
-            t = _fault_run(out, f"recovery-{policy}", _job(restart_policy=policy, steps=steps),
-                           (Fault("kill", 1, steps // 3),))
-            if policy == "slot":
-                slot_recover.append(t["recover_s"])
-                slot_full.append(t["full_recover_s"])
-            else:
-                job_recover.append(t["recover_s"])
-    return {"slot": summary(slot_recover), "slot_full": summary(slot_full), "job": summary(job_recover)}
-
+# -- goodput ------------------------------------------------------------------------------------
 
 def bench_goodput(out: Path, steps: int, kills: tuple[int, int]) -> dict[str, Any]:
     """The ECRL report's Exp1 shape: 2 ranks, ~100 ms steps, two SIGKILLs, vs fault-free."""
-    job = _job(steps=steps, step_time=0.1, ckpt_every=100, dataset="synthetic:4096")
+    job = default_job(steps=steps, step_time=0.1, ckpt_every=100, dataset="synthetic:4096")
     scenario = Scenario("goodput", "ECRL Exp1 shape", job, tuple(Fault("kill", 1, s) for s in kills))
     rates = {}
     for label, with_faults in (("reference", False), ("faults", True)):
@@ -275,25 +242,30 @@ def run_bench(out: Path, quick: bool = False) -> int:
         overhead = bench_overhead(server.address, out, reps, 150 if quick else 300)
         report["overhead_ratio"] = overhead["ratio_of_medians"]
         report["details"]["overhead"] = overhead
+        print("measuring: gradient reduction (DDP's all-reduce vs fixed order) ...", file=sys.stderr, flush=True)
+        fixed = bench_reduction(server.address, out, reps, 150 if quick else 300)
+        report["reduction_ratio"] = fixed["ratio_of_medians"]
+        report["details"]["reduction"] = fixed
         print("measuring: generation advance ...", file=sys.stderr, flush=True)
         advance = bench_advance(server.address, out, [2, 4, 8, 32, 64], 4 if quick else 10)
         report["advance_ms"] = {n: (v["median"] if v else None) for n, v in advance.items()}
         report["details"]["advance_ms"] = advance
     finally:
         server.close()
-    print("measuring: detection (SIGKILL, SIGSTOP) ...", file=sys.stderr, flush=True)
-    detect = bench_detect(out, 1 if quick else 3, 150 if quick else 300)
-    report["detect_s"] = {k: v["median"] for k, v in detect.items()}
+    print("measuring: recovery of every fault class (and a whole-job restart) ...", file=sys.stderr, flush=True)
+    by_fault = bench_recovery_by_fault(out, 2 if quick else 5, 150)
+    report["recovery_by_fault"] = {name: {"stall_s": v["stall_s"]["median"],
+                                          "full_s": v["full_s"]["median"] if v["full_s"] else None}
+                                   for name, v in by_fault.items()}
+    report["details"]["recovery_by_fault"] = by_fault
+    kill, baseline = by_fault["kill non-leader"], by_fault["whole-job restart (baseline)"]
+    report["detect_s"] = {"kill": kill["detect_s"]["median"], "hang": by_fault["hang"]["detect_s"]["median"]}
     report["heartbeat_timeout_s"] = DEFAULT.heartbeat_timeout
-    report["details"]["detect_s"] = detect
-    print("measuring: recovery (slot policy vs whole-job restart) ...", file=sys.stderr, flush=True)
-    recovery = bench_recovery(out, 1 if quick else 3, 150 if quick else 300)
-    report["recovery_s"] = recovery["slot"]["median"]
-    report["full_recovery_s"] = recovery["slot_full"]["median"]
-    report["recovery_baseline_s"] = recovery["job"]["median"]
-    report["recovery_ratio"] = round(recovery["slot"]["median"] / recovery["job"]["median"], 4)
-    report["full_recovery_ratio"] = round(recovery["slot_full"]["median"] / recovery["job"]["median"], 4)
-    report["details"]["recovery"] = recovery
+    report["recovery_s"] = kill["stall_s"]["median"]
+    report["full_recovery_s"] = kill["full_s"]["median"]
+    report["recovery_baseline_s"] = baseline["stall_s"]["median"]
+    report["recovery_ratio"] = round(report["recovery_s"] / report["recovery_baseline_s"], 4)
+    report["full_recovery_ratio"] = round(report["full_recovery_s"] / report["recovery_baseline_s"], 4)
     print("measuring: checkpoint stall (>=100M parameters + Adam) ...", file=sys.stderr, flush=True)
     ckpt = bench_checkpoint(out, 2 if quick else 3)
     report["ckpt"] = {k: {"stall_s": ckpt[k]["stall_s"], "state_gib": ckpt[k]["state_gib"]}
@@ -349,6 +321,30 @@ def rows(report: dict[str, Any]) -> list[tuple[str, Any, str, bool]]:
     return [(k, v, TARGETS[k][0], bool(TARGETS[k][1](v))) for k, v in values.items()]
 
 
+NO_TARGET = ("whole-job restart (baseline)", "two at once, no warm standby")
+"""Comparisons, not goals: what recovery costs without ftcoord's mechanisms."""
+
+
+def recovery_rows(report: dict[str, Any]) -> list[tuple[str, Any, str, bool | None, Any, str, bool | None]]:
+    """Per fault class, worst stall first: (class, stall, target, met, full, target, met); met None: no target."""
+    rows_ = []
+    hang_limit = DEFAULT.heartbeat_timeout + 0.5
+    for name, value in report["recovery_by_fault"].items():
+        stall, full = value["stall_s"], value["full_s"]
+        if name in NO_TARGET:
+            rows_.append((name, stall, "comparison", None, full, "comparison", None))
+            continue
+        limit = hang_limit if name == "hang" else 0.5
+        full_target = name not in ("hang", "node lost")  # lost for good: nothing to come back; hang: detect first
+        rows_.append((name, stall, f"<= {limit} s", stall is not None and stall <= limit, full,
+                      "<= 1 s" if full_target else "-", (full is not None and full <= 1.0) if full_target else None))
+    return sorted(rows_, key=lambda r: -(r[1] or 0))
+
+
+def _met(met: bool | None) -> str:
+    return "-" if met is None else ("yes" if met else "no")
+
+
 def markdown_table(report: dict[str, Any]) -> str:
     """The table for the README's performance section."""
     m, d = report["machine"], report["details"]
@@ -357,10 +353,20 @@ def markdown_table(report: dict[str, Any]) -> str:
              "| measure | value | target | met |", "|---|---|---|---|"]
     lines += [f"| {name} | {value} | {target} | {'yes' if met else 'no'} |"
               for name, value, target, met in rows(report)]
+    runs = len(next(iter(d["recovery_by_fault"].values()))["stall_s"]["samples"])
+    lines += ["", f"Recovery by fault class, worst first (default Timing: heartbeat {DEFAULT.heartbeat_interval} s / "
+              f"timeout {DEFAULT.heartbeat_timeout} s; stall: fault -> the survivors' next committed step; full: -> "
+              f"back at full world size; medians over {runs} runs, min-max in bench.json):", "",
+              "| fault | stall s | target | met | full size s | target | met |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {n} | {s} | {st} | {_met(sm)} | {f} | {ft} | {_met(fm)} |"
+              for n, s, st, sm, f, ft, fm in recovery_rows(report)]
     ck, restore = report["ckpt"], (d["ckpt"]["restore_flash_s"]["median"], d["ckpt"]["restore_disk_s"]["median"])
     lines += ["", f"- step time, 2 ranks gloo: bare DDP {d['overhead']['bare_step_ms']['median']} ms, under @Wrapper "
               f"{d['overhead']['wrapped_step_ms']['median']} ms (per-repetition ratios "
               f"{d['overhead']['ratio']['samples']})",
+              f"- gradient reduction, bare DDP, 2 ranks: built-in all-reduce "
+              f"{d['reduction']['allreduce_step_ms']['median']} ms, fixed order (the default) "
+              f"{d['reduction']['fixed_step_ms']['median']} ms per step (ratio {report['reduction_ratio']})",
               f"- generation advance (ms): {report['advance_ms']}",
               f"- detection: SIGKILL {report['detect_s']['kill']} s, SIGSTOP {report['detect_s']['hang']} s "
               f"(heartbeat_timeout {report['heartbeat_timeout_s']} s)",
@@ -386,6 +392,13 @@ def print_table(report: dict[str, Any]) -> None:
         table.add_column(column)
     for name, value, target, met in rows(report):
         table.add_row(name, str(value), target, "yes" if met else "[red]no[/]")
+    Console().print(table)
+    table = Table(title="recovery by fault class (worst first)", title_justify="left")
+    for column in ("fault", "stall s", "target", "met", "full size s", "target", "met"):
+        table.add_column(column)
+    for n, s, st, sm, f, ft, fm in recovery_rows(report):
+        table.add_row(n, str(s), st, _met(sm).replace("no", "[red]no[/]"), str(f), ft,
+                      _met(fm).replace("no", "[red]no[/]"))
     Console().print(table)
     a, d = report["advance_ms"], report["details"]
     Console().print(f"advance ms by size: {a}; recovery {report['recovery_s']} s (full size "

@@ -1,6 +1,6 @@
 """Processes the benchmark starts: a bare-DDP or @Wrapper step-time probe, and an advance probe.
 
-    python -m chaos.bench_workers steps --mode bare|wrapped --rank R --world 2 --store H:P --out F
+    python -m chaos.bench_workers steps --mode bare|wrapped [--reduction fixed|allreduce] --rank R --world 2 ...
     python -m chaos.bench_workers advance --slot S --world N --store H:P --job J --rounds R --out F
 """
 
@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from training import reduction
 
 STEP_MODEL = (512, 1024, 10)  # a 3-layer MLP like the anchors' (~14 ms/step bare DDP on 2 cores)
 BATCH = 128
@@ -51,7 +53,9 @@ def steps_main(args: argparse.Namespace) -> None:
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
         dist.init_process_group("gloo", store=dist.PrefixStore(f"bare-{args.job}", store), rank=args.rank,
                                 world_size=args.world)
-        times = _train(DDP(model), opt, args.steps)
+        ddp = DDP(model)
+        reduction.install(ddp, args.reduction)
+        times = _train(ddp, opt, args.steps)
         dist.destroy_process_group()
     else:
         from ftcoord import CallWrapper, Wrapper
@@ -64,7 +68,9 @@ def steps_main(args: argparse.Namespace) -> None:
                 call.check()
                 call.ping()
 
-            return _train(DDP(model), opt, args.steps, boundary)
+            ddp = DDP(model)
+            reduction.install(ddp, args.reduction)
+            return _train(ddp, opt, args.steps, boundary)
 
         times = run()
     with open(args.out, "w") as f:
@@ -101,6 +107,8 @@ def main() -> None:
     s.add_argument("--rank", type=int, required=True)
     s.add_argument("--world", type=int, default=2)
     s.add_argument("--steps", type=int, default=300)
+    s.add_argument("--reduction", choices=("allreduce", "fixed"), default="allreduce",
+                   help="DDP's built-in all-reduce, or training.reduction's fixed-order hook")
     for p in (s, a := sub.add_parser("advance")):
         p.add_argument("--store", required=True)
         p.add_argument("--job", required=True)

@@ -6,11 +6,13 @@ read from the run's own ledger after the moment the fault was injected:
 
 | kind                                              | expected effect                                   |
 |---------------------------------------------------|---------------------------------------------------|
-| kill, kill-boundary, kill-midstep, kill-leader,    | a newer generation commits a step                 |
+| kill, kill-boundary, kill-midstep, kill-midreduce, | a newer generation commits a step                 |
+| kill-leader, kill-follower,                       |                                                   |
 | hang, early-restart, lose, raise, raise-midstep   |                                                   |
 | replace                                           | a step is committed at the job's full world size  |
 | preempt                                           | the job stops at a step boundary, then resumes    |
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
+| slow                                              | nothing (it must not be taken for a death)        |
 
 A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
 launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r.
@@ -26,13 +28,15 @@ NEW_GENERATION = "a newer generation commits a step"
 FULL_SIZE = "a step is committed at the full world size"
 STOP_AND_RESUME = "the job stops at a step boundary, then resumes"
 RESUME_FROM_CHECKPOINT = "the relaunched job resumes from a checkpoint"
+NOTHING = "nothing: the job trains on (a slow rank is not a fault)"
 SPARE_REPLACED = "its launcher replaces the hot spare it hit"
 
 EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midstep": NEW_GENERATION,
+           "kill-midreduce": NEW_GENERATION, "kill-follower": NEW_GENERATION,
            "raise": NEW_GENERATION, "raise-midstep": NEW_GENERATION,
            "kill-leader": NEW_GENERATION, "hang": NEW_GENERATION, "early-restart": NEW_GENERATION,
            "lose": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
-           "ckpt-crash": RESUME_FROM_CHECKPOINT}
+           "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING}
 
 
 def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -74,6 +78,8 @@ def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]
     if effect == STOP_AND_RESUME:
         stops = [r["mono"] for r in records if r["kind"] == "stopped" and r["mono"] > at]
         return bool(stops) and any(r["mono"] > min(stops) for r in later_steps)
+    if effect == NOTHING:
+        return True
     if effect == RESUME_FROM_CHECKPOINT:
         return any(r["kind"] == "generation" and r["mono"] > at and r.get("loaded_from") for r in records)
     raise ValueError(f"unknown effect {effect!r}")

@@ -24,20 +24,22 @@ from training.hooks import StepContext
 
 PLAN_ENV = "FTCOORD_FAULT_PLAN"
 MARKER_DIR_ENV = "FTCOORD_FAULT_MARKERS"
-POINTS = ("at_boundary", "after_backward")
-KINDS = ("exit", "raise", "stall", "sigterm")
+POINTS = ("at_boundary", "after_backward", "mid_reduction")
+KINDS = ("exit", "raise", "stall", "sleep", "sigterm")
 
 
 @dataclass(frozen=True)
 class PlannedFault:
     kind: str
-    """exit: os._exit(137); raise: an exception; stall: stop making progress; sigterm: preempt the job."""
+    """exit: os._exit(137); raise: an exception; stall: stop making progress; sleep: take `duration`
+    seconds longer over this step (a slow rank, heartbeat alive); sigterm: preempt the job."""
     point: str
     step: int
     slot: int | None = None
     rank: int | None = None
     """Aim at whoever holds this rank at that step (instead of a slot)."""
     name: str = ""
+    duration: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.slot is None) == (self.rank is None):
@@ -72,6 +74,8 @@ class FaultHook:
                 raise RuntimeError(f"injected fault {fault.name or fault.kind} at step {ctx.step}")
             if fault.kind == "stall":
                 time.sleep(3600)
+            if fault.kind == "sleep":
+                time.sleep(fault.duration)
             if fault.kind == "sigterm":
                 os.kill(os.getppid(), signal.SIGTERM)  # the launcher: preempt the whole job
 
@@ -80,6 +84,9 @@ class FaultHook:
 
     def after_backward(self, ctx: StepContext) -> None:
         self._fire("after_backward", ctx)
+
+    def mid_reduction(self, ctx: StepContext) -> None:
+        self._fire("mid_reduction", ctx)
 
 
 def marker_name(name: str, slot: int | None, rank: int | None, point: str, step: int) -> str:

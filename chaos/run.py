@@ -83,8 +83,8 @@ class ChaosRunner:
     def _plan(self) -> list[dict[str, Any]]:
         """In-rank faults become the training hook's plan (named by their index: one marker each)."""
         return [{"kind": IN_RANK_ACTIONS[f.kind][0], "point": IN_RANK_ACTIONS[f.kind][1], "step": f.step,
-                 "name": f"fault{i}", **({"rank": f.rank} if f.rank is not None else {"slot": f.slot})}
-                for i, f in self.faults if f.in_rank]
+                 "name": f"fault{i}", "duration": f.duration,
+                 **({"rank": f.rank} if f.rank is not None else {"slot": f.slot})} for i, f in self.faults if f.in_rank]
 
     def _crash_spec(self) -> str | None:
         crashes = [f for _, f in self.faults if f.kind == "ckpt-crash"]
@@ -190,12 +190,14 @@ class ChaosRunner:
     def _inject(self, index: int, fault: Fault, tail: LedgerTail, launchers: Launchers, give_up: bool) -> bool:
         """Inject one outside fault; False when its target has no live process (yet)."""
         kind = fault.kind
-        if kind in ("kill", "early-restart", "hang", "kill-leader"):
+        if kind in ("kill", "early-restart", "hang", "kill-leader", "kill-follower"):
             slot: int | None = fault.slot
-            if kind == "kill-leader":
+            if kind in ("kill-leader", "kill-follower"):
                 holder = get_or_none(self.store, "leader")
                 parts = holder.decode().split(":") if holder else []
-                slot = int(parts[1]) if len(parts) == 3 else None
+                leader = int(parts[1]) if len(parts) == 3 else None
+                members = tail.members_of[max(tail.members_of)] if tail.members_of else []
+                slot = leader if kind == "kill-leader" else next((m for m in members if m != leader), None)
             elif fault.rank is not None:
                 slot = tail.slot_of_rank(fault.rank)
             pid = tail.pid_of_slot.get(slot) if slot is not None else None
@@ -203,7 +205,9 @@ class ChaosRunner:
             if not _signal(pid, signum):
                 if give_up:
                     why = (f"slot {slot} had no live process (pid {pid})" if slot is not None else
-                           "no process led" if kind == "kill-leader" else f"no process held rank {fault.rank}")
+                           "no process led" if kind == "kill-leader" else
+                           "no member but the leader" if kind == "kill-follower" else
+                           f"no process held rank {fault.rank}")
                     self._record(index, fault, tail, pid, note=f"{why} for {FIRE_RETRY_S:.0f}s", fired=False,
                                  slot=slot)
                 return False

@@ -31,16 +31,20 @@ from training.models import MODELS
 BUNDLED = Path(__file__).parent / "scenarios"
 
 # Injected by the rank itself through the training hook (boundary-safe, exact step).
-IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "raise", "raise-midstep")
+IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "raise-midstep", "slow")
 # Sent by the runner from outside, as real faults arrive.
-OUTSIDE_KINDS = ("kill", "kill-leader", "hang", "preempt", "ckpt-crash", "lose", "replace", "early-restart")
+OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "preempt", "ckpt-crash", "lose", "replace",
+                 "early-restart")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep")
 # Kinds that may aim at a rank ("whoever holds rank r at that step") instead of a slot.
-RANK_KINDS = ("kill-boundary", "kill-midstep", "kill", "hang", "early-restart", "raise", "raise-midstep")
+RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "kill", "hang", "early-restart", "raise",
+              "raise-midstep", "slow")
 # In-rank faults: what the training hook does, and where in the step.
 IN_RANK_ACTIONS = {"kill-boundary": ("exit", "at_boundary"), "kill-midstep": ("exit", "after_backward"),
-                   "raise": ("raise", "at_boundary"), "raise-midstep": ("raise", "after_backward")}
+                   "kill-midreduce": ("exit", "mid_reduction"),
+                   "raise": ("raise", "at_boundary"), "raise-midstep": ("raise", "after_backward"),
+                   "slow": ("sleep", "at_boundary")}
 
 
 class ScenarioError(FatalError, ValueError):
@@ -101,7 +105,7 @@ class Fault:
     slot: int = 0
     step: int = 0
     duration: float = 0.0
-    """hang: seconds stopped before SIGCONT; lose: unused."""
+    """hang: seconds stopped before SIGCONT; slow: seconds one step takes longer."""
     label: str = ""
     rank: int | None = None
     """Aim at whoever holds this rank when the fault fires, not at a slot (a slot may be a hot
@@ -179,14 +183,18 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
             raise ScenarioError(f"{where}: give slot or rank, not both")
         if not isinstance(fault.rank, int) or not 0 <= fault.rank < job.nproc:
             raise ScenarioError(f"{where}: rank = {fault.rank!r} is beyond the job (ranks 0..{job.nproc - 1})")
-    if not 0 <= fault.slot < slots and fault.kind not in ("kill-leader", "preempt"):
+    if not 0 <= fault.slot < slots and fault.kind not in ("kill-leader", "kill-follower", "preempt"):
         raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
     if not 0 <= fault.step < job.steps:
         raise ScenarioError(f"{where}: step = {fault.step} is beyond the run (steps 0..{job.steps - 1})")
-    if fault.kind == "hang" and fault.duration <= 0:
-        raise ScenarioError(f"{where}: a hang needs duration > 0 seconds (how long the rank stays stopped)")
+    if fault.kind in ("hang", "slow") and fault.duration <= 0:
+        raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the rank stays "
+                            f"{'stopped' if fault.kind == 'hang' else 'busy with one step'})")
     if fault.kind in ("lose", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
+    if fault.kind == "kill-midreduce" and job.grad_reduction != "fixed":
+        raise ScenarioError(f"{where}: kill-midreduce fires inside the fixed-order gradient reduction; this job "
+                            f"uses grad_reduction = {job.grad_reduction!r}")
     if fault.kind == "ckpt-crash" and job.ckpt_strategy == "none":
         raise ScenarioError(f"{where}: ckpt-crash needs a checkpoint strategy, not 'none'")
     return fault

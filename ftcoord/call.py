@@ -137,20 +137,14 @@ class CallWrapper:
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        """A section a restart must not cut in half (a checkpoint commit, say).
-
-        `check()` does not raise inside it, and the launcher defers fencing this process
-        while it is inside (up to its grace period).
-        """
+        """A section an interrupt must not cut in half (a checkpoint commit, say): `check()` does
+        not raise inside it. A process that hangs inside it is still fenced at once: what runs in
+        it must be crash-safe (ftcoord's checkpoints are), since a kill can always come."""
         self._atomic_depth += 1
-        if self._atomic_depth == 1:
-            self.store.set(keys.atomic(self.slot), str(self.incarnation))
         try:
             yield
         finally:
             self._atomic_depth -= 1
-            if self._atomic_depth == 0:
-                self.store.set(keys.atomic(self.slot), "0")
 
     # -- process group ------------------------------------------------------------------
 

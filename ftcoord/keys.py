@@ -49,11 +49,6 @@ def left(slot: int) -> str:
     return f"slot/{slot}/left"
 
 
-def atomic(slot: int) -> str:
-    """The incarnation of the slot inside an atomic section ("0" outside): fencing waits."""
-    return f"slot/{slot}/atomic"
-
-
 def fence(slot: int) -> str:
     """The incarnation of the slot the leader declared dead: its launcher kills it."""
     return f"slot/{slot}/fence"

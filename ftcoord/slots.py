@@ -14,7 +14,7 @@ SPARE_SLOT_BASE = 100_000
 workers keep their ranks, and a starting job seats its workers before any spare."""
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
-_ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence, keys.atomic)
+_ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
 
 
 def register(store: dist.Store, slot: int) -> int:

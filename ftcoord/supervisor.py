@@ -49,7 +49,6 @@ class LaunchConfig:
     restart_policy: str = "slot"
     warm_standby: int = 1
     grace_s: float = 30.0
-    atomic_grace_s: float = 10.0
     log_dir: str | None = None
     poll_s: float = 0.02
 
@@ -76,7 +75,6 @@ class SlotProcess:
     restart_due: float | None = None
     from_standby: bool = False
     finished: bool = False
-    fenced_at: float | None = None
     fence_killed: bool = False
     replacing: int = 0
     """The incarnation announced as on its way (keys.replacing) until it registers; 0 when none."""
@@ -148,14 +146,13 @@ class Supervisor:
             slot.restart_due = time.monotonic() + 0.02  # asked again at the next ticks
             return
         slot.incarnation = read_int(self.store, keys.incarnation(slot.slot)) + 1
-        for key in (keys.fence, keys.atomic):  # exist before the child does: _fence never blocks
-            self.store.compare_set(key(slot.slot), "", "0")
+        self.store.compare_set(keys.fence(slot.slot), "", "0")  # exists before the child does: _fence never blocks
         if forked is not None:
             slot.process, slot.from_standby = forked, True
         else:
             slot.process = subprocess.Popen(self.config.command, env={**self._env, **self._child_env(slot)})
             slot.from_standby = False
-        slot.restart_due, slot.fenced_at, slot.fence_killed = None, None, False
+        slot.restart_due, slot.fence_killed = None, False
         self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
                        from_standby=slot.from_standby, restarts=slot.restarts)
 
@@ -334,19 +331,19 @@ class Supervisor:
                 slot.process = None
 
     def _fence(self, now: float) -> None:
-        """Kill the processes the leader declared dead (unless inside an atomic section)."""
+        """Kill the processes the leader declared dead, at once.
+
+        Even inside `call.atomic()` (a checkpoint commit): a commit is crash-safe by construction
+        (a kill mid-write leaves a temp directory, never a torn checkpoint), so waiting would only
+        turn a hang into a longer stall for every peer.
+        """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not running:
             return
-        values = self.store.multi_get([k(s.slot) for s in running for k in (keys.fence, keys.atomic)])
-        for i, slot in enumerate(running):
-            fence, atomic = int(values[2 * i] or 0), int(values[2 * i + 1] or 0)
-            if fence < slot.incarnation or slot.fence_killed:
+        values = self.store.multi_get([keys.fence(s.slot) for s in running])
+        for slot, value in zip(running, values, strict=True):
+            if int(value or 0) < slot.incarnation or slot.fence_killed:
                 continue
-            if slot.fenced_at is None:
-                slot.fenced_at = now
-            if atomic == slot.incarnation and now - slot.fenced_at < self.config.atomic_grace_s:
-                continue  # let it finish its checkpoint commit first
             assert slot.process is not None
             self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,
                               incarnation=slot.incarnation)

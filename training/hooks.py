@@ -1,8 +1,9 @@
 """Hook points inside the training step, for fault injection (chaos) and instrumentation.
 
-A hook is any object with `at_boundary(ctx)` (after a committed step, before the next)
-and/or `after_backward(ctx)` (gradients reduced, optimizer not stepped yet). With no hook
-installed the loop only tests an empty tuple: no cost when unused.
+A hook is any object with `at_boundary(ctx)` (after a committed step, before the next),
+`after_backward(ctx)` (gradients reduced, optimizer not stepped yet) and/or `mid_reduction(ctx)`
+(inside the fixed-order gradient reduction, between its two collectives: its peers are waiting on
+this rank). With no hook installed the loop only tests an empty tuple: no cost when unused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class StepHook(Protocol):
     def at_boundary(self, ctx: StepContext) -> None: ...
 
     def after_backward(self, ctx: StepContext) -> None: ...
+
+    def mid_reduction(self, ctx: StepContext) -> None: ...
 
 
 def load_hook(spec: str, config: Any) -> StepHook:

@@ -107,7 +107,8 @@ class Trainer:
         # Buffers (BatchNorm statistics) are synced after backward rather than at the next forward
         # (DDP's default) and rolled back when a step fails: see training.buffers.
         ddp = DDP(state.model, broadcast_buffers=False)
-        reduction.install(ddp, config.grad_reduction)
+        mid = (lambda: self._run_hooks("mid_reduction", call, self.state.step)) if self.hooks else None
+        reduction.install(ddp, config.grad_reduction, between_phases=mid)
         buffers = BufferGuard(state.model)
         try:
             while state.step < config.steps:

@@ -19,7 +19,8 @@ its cost is measured by `chaos bench` (`reduction`).
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations at runtime
 # (`bucket: dist.GradBucket` must be the class, not a string).
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -51,9 +52,19 @@ def _all_gather_into(output: torch.Tensor, chunk: torch.Tensor, group: dist.Proc
     gather(output, chunk, group=group)
 
 
-def fixed_order_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+@dataclass
+class HookState:
+    """What the hook works with: the module's own group, and an optional callback between its two
+    collectives (a fault-injection point: a rank that dies there leaves its peers mid-reduction)."""
+
+    group: dist.ProcessGroup | None
+    between_phases: Callable[[], None] | None = None
+
+
+def fixed_order_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: reduce the bucket with `reduce_in_rank_order` (see module docstring)."""
     tensor = bucket.buffer()
+    group = state.group
     world = dist.get_world_size(group)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     if world > 1:
@@ -63,6 +74,8 @@ def fixed_order_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -
         padded[:n].copy_(tensor)
         received = torch.empty_like(padded)
         dist.all_to_all_single(received, padded, group=group)  # row r: rank r's part of my chunk
+        if state.between_phases is not None:
+            state.between_phases()
         mine = reduce_in_rank_order(received.view(world, chunk).unbind(0), world)
         gathered = torch.empty_like(padded)
         _all_gather_into(gathered, mine, group)
@@ -71,11 +84,15 @@ def fixed_order_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -
     return future
 
 
-def install(ddp: DDP, reduction: str) -> None:
-    """Use `reduction` ("fixed" or "allreduce") for this DDP module's gradients."""
+def install(ddp: DDP, reduction: str, between_phases: Callable[[], None] | None = None) -> None:
+    """Use `reduction` ("fixed" or "allreduce") for this DDP module's gradients.
+
+    Args:
+        between_phases: called between the fixed-order reduction's two collectives (fault injection).
+    """
     if reduction not in GRAD_REDUCTIONS:
         raise ValueError(f"gradient reduction {reduction!r}: choose one of {', '.join(GRAD_REDUCTIONS)}")
     if reduction == "fixed":
         # Bound to this module's own group: a stale module of a failed generation (a traceback may
         # still hold it) must fail on its dead group, never run collectives on the next generation's.
-        ddp.register_comm_hook(ddp.process_group, fixed_order_hook)
+        ddp.register_comm_hook(HookState(ddp.process_group, between_phases), fixed_order_hook)

@@ -38,12 +38,13 @@ class TrainingRun:
 
     @classmethod
     def launch(cls, out: Path, store: str, job_id: str, args: list[str], *, nproc: int = 2,
-               faults: list[dict[str, Any]] | None = None, launcher_args: tuple[str, ...] = ()) -> TrainingRun:
+               faults: list[dict[str, Any]] | None = None, launcher_args: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> TrainingRun:
         out.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "ftcoord.launch", "--store", store, "--job-id", job_id,
                    "--nproc", str(nproc), "--log-dir", str(out / "logs"), *launcher_args, "--",
                    sys.executable, "-m", "training", *args]
-        proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **child_env(out, faults)},
+        proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **child_env(out, faults), **(env or {})},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         return cls(out, proc)
@@ -64,6 +65,12 @@ class TrainingRun:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+
+    def logs(self, event: str) -> list[dict[str, Any]]:
+        """The structlog events named `event` of every process of the run (launcher included)."""
+        from chaos.metrics import read_logs
+
+        return read_logs(self.out / "logs", (event,))
 
     def records(self) -> list[dict[str, Any]]:
         return read_ledgers(self.out)

@@ -55,10 +55,12 @@ def test_kill_midstep(tmp_path: Path) -> None:
 
 
 def test_kill_leader(tmp_path: Path) -> None:
+    """Its launcher's dead mark is evidence: a successor leads at once, no heartbeat timeout (2 s here)."""
     report = run("kill-leader", tmp_path)
     assert report["correctness"]["bit_identical"] is True
     elected = read_logs(tmp_path / "kill-leader" / "logs", ("leader_elected",))
     assert len(elected) >= 2
+    assert report["faults"][0]["full_recover_s"] < 1.0, report["faults"]
 
 
 def test_hang(tmp_path: Path) -> None:
@@ -113,3 +115,20 @@ def test_raise(tmp_path: Path) -> None:
     report = run("raise", tmp_path)
     assert report["world_sizes"] == [3] and report["restarts"] == 0 and report["in_process_restarts"] >= 6
     assert all(f["recover_s"] is not None and f["recover_s"] < 2.0 for f in report["faults"]), report["faults"]
+
+
+def test_lose_node(tmp_path: Path) -> None:
+    """No launcher is left to report the lost ranks: the survivors' failed collectives are the evidence, and
+    the job re-forms well before the heartbeat timeout (2 s); the survivor busy with a 0.6 s step beats on
+    and is kept (one generation change, world 4 -> 2)."""
+    report = run("lose-node", tmp_path)
+    assert report["world_sizes"] == [2, 4] and report["generations"] == 2
+    lose = next(f for f in report["faults"] if f["kind"] == "lose")
+    assert lose["recover_s"] < 1.5, report["faults"]
+
+
+def test_two_at_once(tmp_path: Path) -> None:
+    """Two replacements at once, both forked by the warm standby: one generation change, the world kept."""
+    report = run("two-at-once", tmp_path)
+    assert report["world_sizes"] == [3] and report["generations"] == 2
+    assert all(f["full_recover_s"] < 1.0 for f in report["faults"]), report["faults"]

@@ -117,3 +117,25 @@ def test_all_checkpoints_corrupt_refuses_names_them_and_deletes_nothing(
     assert code == 0, out[-2000:]
     assert generation_starts(over)[0]["start_step"] == 0
     assert sorted(p.name for p in ckpt.glob("*.rejected")) == sorted(f"{n}.rejected" for n in names)
+
+
+def test_a_rank_hung_inside_a_checkpoint_commit_is_fenced_at_the_hang_detection_bound(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """Rank 0 stops itself half-way through writing a checkpoint (inside `call.atomic()`). A commit is
+    crash-safe, so its launcher kills it as soon as the leader declares it hung (heartbeat timeout 1 s
+    here), not after a grace period; the interrupted checkpoint leaves nothing loadable behind."""
+    marker = tmp_path / "stopped"
+    args = train_args(120, "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "10", "--step-time", "0.02")
+    run = TrainingRun.launch(tmp_path / "run", store_server.address, job_id, args,
+                             env={atomic.CRASH_ENV: f"stop:{marker}:20"})
+    code, out = run.wait(180)
+    assert code == 0, out[-3000:]
+    pid, stopped_at = marker.read_text().split()
+    fenced = [e for e in run.logs("rank_fenced_killed") if e["pid"] == int(pid)]
+    assert fenced, "the hung rank was never fenced"
+    waited = fenced[0]["mono"] - float(stopped_at)
+    print(f"hung inside a commit: fenced after {waited:.2f} s")
+    assert waited <= 1.0 + 0.1 + 0.6, f"fenced {waited:.2f}s after it hung (heartbeat timeout 1 s)"
+    proof = run.verify(120)
+    assert proof.passed, proof.problems

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import time
 import uuid
@@ -47,7 +48,9 @@ REJECTED = ".rejected"
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 TEMP = re.compile(r"^.+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
 FORMAT_VERSION = 1
-CRASH_ENV = "FTCOORD_FAULT_CKPT_WRITE"  # "kill:MARKER[:MINSTEP]": die half-way through one write (chaos)
+CRASH_ENV = "FTCOORD_FAULT_CKPT_WRITE"
+"""Chaos: "kill:MARKER[:MINSTEP]" dies half-way through one checkpoint write, "stop:MARKER[:MINSTEP]"
+hangs there (SIGSTOP of itself); the marker file makes it happen once."""
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_file(path: Path, data: bytes | memoryview, crash_half_way: bool = False) -> None:
+def _write_file(path: Path, data: bytes | memoryview, planted: str | None = None) -> None:
     with open(path, "wb") as f:
-        if crash_half_way:
+        if planted:
             f.write(data[: len(data) // 2])
             f.flush()
-            os._exit(137)  # planted fault: a torn write, as a crash would leave it
+            if planted == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)  # planted fault: a hang in the middle of a commit
+            else:
+                os._exit(137)  # planted fault: a torn write, as a crash would leave it
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -129,7 +135,7 @@ def commit(root: Path, step: int, payload: bytes | memoryview, *, world_size: in
         if temp.exists():
             shutil.rmtree(temp)
         temp.mkdir(mode=0o700)
-        _write_file(temp / PAYLOAD, payload, crash_half_way=_planted_crash(step))
+        _write_file(temp / PAYLOAD, payload, planted=_planted_fault(step))
         manifest = Manifest(step=step, world_size=world_size, config_hash=config_hash,
                             sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), time=time.time(),
                             strategy=strategy)
@@ -172,21 +178,21 @@ def _latest_step(root: Path) -> int:
     return int(match.group(1)) if match and (root / os.readlink(link)).is_dir() else -1
 
 
-def _planted_crash(step: int) -> bool:
-    """A fault planted by chaos: crash once during a payload write (a marker file says once)."""
-    spec = os.environ.get(CRASH_ENV, "")
-    if not spec.startswith("kill:"):
-        return False
-    marker_text, _, min_step = spec[len("kill:"):].partition(":")
+def _planted_fault(step: int) -> str | None:
+    """A fault planted by chaos (CRASH_ENV): "kill" or "stop" once during a payload write, else None."""
+    action, _, rest = os.environ.get(CRASH_ENV, "").partition(":")
+    if action not in ("kill", "stop"):
+        return None
+    marker_text, _, min_step = rest.partition(":")
     if min_step and step < int(min_step):
-        return False
-    marker = Path(marker_text)
+        return None
     try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(Path(marker_text), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return False
+        return None
+    os.write(fd, f"{os.getpid()} {time.monotonic()}".encode())
     os.close(fd)
-    return True
+    return action
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
