@@ -21,8 +21,9 @@ from typing import Any
 
 from chaos.campaign import bundled_names as campaign_names
 from chaos.campaign import load as load_campaign
-from chaos.reference import ReferenceUnusable
+from chaos.errors import ReferenceUnusable
 from chaos.scenario import ScenarioError, bundled_names, load
+from ftcoord import arguments
 
 
 def _print_report(report: dict[str, Any], run_dir: Path) -> None:
@@ -62,11 +63,11 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
 
 def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
     """Run a scenario and its reference; write and return the report."""
+    scenario = load(name)  # a bad scenario is refused before torch is imported
     from chaos.reference import ensure_reference
     from chaos.report import build_report, write_report
     from chaos.run import ChaosRunner
 
-    scenario = load(name)
     ref_dir, ref = ensure_reference(scenario, quiet=quiet)
     result = ChaosRunner(scenario, out, quiet=quiet).run()
     (out / "scenario.toml").write_text(Path(scenario.path).read_text())
@@ -94,7 +95,7 @@ def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="chaos", description=__doc__,
+    parser = arguments.Parser(prog="chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the bundled scenarios")

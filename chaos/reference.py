@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from chaos.errors import ReferenceUnusable
 from chaos.expected import DataExpectation
 from chaos.metrics import goodput
 from chaos.model_check import ExpectedModel, run_losses, step_plan
@@ -38,10 +39,6 @@ from training.ledger import scan_ledgers
 CACHE_ENV = "FTCOORD_CACHE_DIR"
 SUMMARY = "summary.json"
 PACKAGES = ("ftcoord", "training", "chaos")
-
-
-class ReferenceUnusable(RuntimeError):
-    """The fault-free reference could not be built or does not hold up: nothing can be compared with it."""
 
 
 def cache_root() -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -97,7 +98,8 @@ class ChaosRunner:
             shutil.rmtree(self.out)
         (self.out / "logs").mkdir(parents=True)
         server = StoreServer("127.0.0.1", 0)
-        job_id = f"chaos-{self.scenario.name}-{uuid.uuid4().hex[:8]}"
+        # A scenario's name may say anything; a job id is a key prefix of a safe alphabet.
+        job_id = f"chaos-{re.sub(r'[^A-Za-z0-9._-]+', '-', self.scenario.name)[:80]}-{uuid.uuid4().hex[:8]}"
         self.store = job_store(connect(server.address), job_id)
         launchers = Launchers(self.scenario.job, server.address, job_id, self.out, self._plan(), self._crash_spec(),
                               self.out / "launchers.out", reference=not self.faults)

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ftcoord.errors import FatalError
-from training.config import GRAD_REDUCTIONS, STRATEGIES, TrainConfig
-from training.models import MODELS
+from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, TrainConfig
 
 BUNDLED = Path(__file__).parent / "scenarios"
 

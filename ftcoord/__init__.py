@@ -1,45 +1,61 @@
-"""ftcoord: fault-tolerant coordination for PyTorch data-parallel training."""
+"""ftcoord: fault-tolerant coordination for PyTorch data-parallel training.
 
-from ftcoord.call import CallWrapper, GenerationInterrupted
-from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.errors import (
-    ConfigError,
-    FatalError,
-    FtcoordError,
-    JobFailed,
-    JobFinished,
-    PortInUse,
-    QuorumTimeout,
-    StoreUnavailable,
-)
-from ftcoord.heartbeat import mark_dead
-from ftcoord.participant import Participant
-from ftcoord.record import GenerationRecord
-from ftcoord.server import StoreProcess, StoreServer
-from ftcoord.store import StoreAddress, connect, job_store
-from ftcoord.wrapper import RestartsExhausted, Wrapper
+Names are imported on first use (PEP 562): `import ftcoord.arguments` or a command's `--help` does
+not pay for importing torch, and a bad command line is answered in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "CallWrapper": "ftcoord.call", "GenerationInterrupted": "ftcoord.call",
+    "QuorumPolicy": "ftcoord.config", "Timing": "ftcoord.config",
+    "ConfigError": "ftcoord.errors", "FatalError": "ftcoord.errors", "FtcoordError": "ftcoord.errors",
+    "JobFailed": "ftcoord.errors", "JobFinished": "ftcoord.errors", "PortInUse": "ftcoord.errors",
+    "QuorumTimeout": "ftcoord.errors", "StoreUnavailable": "ftcoord.errors",
+    "mark_dead": "ftcoord.heartbeat",
+    "Participant": "ftcoord.participant",
+    "GenerationRecord": "ftcoord.record",
+    "StoreProcess": "ftcoord.server", "StoreServer": "ftcoord.server",
+    "StoreAddress": "ftcoord.store", "connect": "ftcoord.store", "job_store": "ftcoord.store",
+    "RestartsExhausted": "ftcoord.wrapper", "Wrapper": "ftcoord.wrapper",
+}
 
 __all__ = [
-    "CallWrapper",
-    "GenerationInterrupted",
-    "RestartsExhausted",
-    "Wrapper",
-    "ConfigError",
-    "FatalError",
-    "FtcoordError",
-    "JobFailed",
-    "GenerationRecord",
-    "JobFinished",
-    "Participant",
-    "PortInUse",
-    "QuorumPolicy",
-    "QuorumTimeout",
-    "StoreAddress",
-    "StoreProcess",
-    "StoreServer",
-    "StoreUnavailable",
-    "Timing",
-    "connect",
-    "job_store",
+    "CallWrapper", "ConfigError", "FatalError", "FtcoordError", "GenerationInterrupted", "GenerationRecord",
+    "JobFailed", "JobFinished", "Participant", "PortInUse", "QuorumPolicy", "QuorumTimeout", "RestartsExhausted",
+    "StoreAddress", "StoreProcess", "StoreServer", "StoreUnavailable", "Timing", "Wrapper", "connect", "job_store",
     "mark_dead",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ftcoord' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from ftcoord.call import CallWrapper, GenerationInterrupted
+    from ftcoord.config import QuorumPolicy, Timing
+    from ftcoord.errors import (
+        ConfigError,
+        FatalError,
+        FtcoordError,
+        JobFailed,
+        JobFinished,
+        PortInUse,
+        QuorumTimeout,
+        StoreUnavailable,
+    )
+    from ftcoord.heartbeat import mark_dead
+    from ftcoord.participant import Participant
+    from ftcoord.record import GenerationRecord
+    from ftcoord.server import StoreProcess, StoreServer
+    from ftcoord.store import StoreAddress, connect, job_store
+    from ftcoord.wrapper import RestartsExhausted, Wrapper

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ftcoord import scratch
+from ftcoord import arguments, scratch
 
 
 def _gc(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ftcoord", description=__doc__,
+    parser = arguments.Parser(prog="ftcoord", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     gc = sub.add_parser("gc", help="remove shared-memory scratch that jobs no longer running here left behind",

@@ -94,11 +94,13 @@ class QuorumPolicy:
         if self.global_batch is not None:
             if self.global_batch < 1:
                 raise ConfigError(f"global_batch={self.global_batch} must be >= 1")
-            if not any(self.accepts(n) for n in range(self.min_world_size, self.limit + 1)):
+            if not self.accepts(self.target_world_size):
+                # Trimming to a size that fits is for faults, not for a bad launch.
+                fits = [n for n in divisors(self.global_batch) if self.min_world_size <= n <= self.limit]
                 raise ConfigError(
-                    f"no world size between min_world_size={self.min_world_size} and "
-                    f"{self.limit} divides global_batch={self.global_batch}; pick one of "
-                    f"{divisors(self.global_batch)}"
+                    f"global_batch {self.global_batch} is not divisible by the job's world size "
+                    f"{self.target_world_size}; launch a world size in {fits or divisors(self.global_batch)} "
+                    f"(ftcoord-launch --nproc / --world-size) or change --global-batch"
                 )
 
     @property

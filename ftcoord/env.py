@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ftcoord.errors import ConfigError
+
 STORE_ENV: str = "FTCOORD_STORE"  # "host:port" of the external TCPStore
 JOB_ID_ENV: str = "FTCOORD_JOB_ID"
 SLOT_ENV: str = "FTCOORD_SLOT"
@@ -22,7 +24,9 @@ TORCHRUN_MASTER_PORT_ENV: str = "MASTER_PORT"
 SLURM_PROCID_ENV: str = "SLURM_PROCID"
 SLURM_NTASKS_ENV: str = "SLURM_NTASKS"
 
-DEFAULT_STORE: str = "127.0.0.1:29600"
+DEFAULT_STORE_HOST: str = "127.0.0.1"  # loopback: the store has no authentication
+DEFAULT_STORE_PORT: int = 29600
+DEFAULT_STORE: str = f"{DEFAULT_STORE_HOST}:{DEFAULT_STORE_PORT}"
 DEFAULT_JOB_ID: str = "default"
 
 LOCAL_RANK_ENV: str = "LOCAL_RANK"
@@ -48,14 +52,26 @@ def job_id_from_env() -> str:
     return _first(JOB_ID_ENV, TORCHELASTIC_RUN_ID_ENV, SLURM_JOB_ID_ENV) or DEFAULT_JOB_ID
 
 
+def _int_from_env(names: tuple[str, ...], default: int, low: int) -> int:
+    """The first set variable of `names` as an integer >= low; a clear ConfigError naming it otherwise."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            if not value.strip().lstrip("-").isdigit() or int(value) < low:
+                raise ConfigError(f"{name}={value!r} must be an integer >= {low} (it is set in this process's "
+                                  f"environment; ftcoord-launch sets it for its children)")
+            return int(value)
+    return default
+
+
 def slot_from_env() -> int:
     """FTCOORD_SLOT, else RANK (torchrun), else SLURM_PROCID, else 0."""
-    return int(_first(SLOT_ENV, TORCHRUN_RANK_ENV, SLURM_PROCID_ENV) or 0)
+    return _int_from_env((SLOT_ENV, TORCHRUN_RANK_ENV, SLURM_PROCID_ENV), 0, 0)
 
 
 def world_size_from_env() -> int:
     """The job's target world size: FTCOORD_WORLD_SIZE, else WORLD_SIZE, else SLURM_NTASKS."""
-    return int(_first(WORLD_SIZE_ENV, TORCHRUN_WORLD_SIZE_ENV, SLURM_NTASKS_ENV) or 1)
+    return _int_from_env((WORLD_SIZE_ENV, TORCHRUN_WORLD_SIZE_ENV, SLURM_NTASKS_ENV), 1, 1)
 
 LAUNCHER_PID_ENV: str = "FTCOORD_LAUNCHER_PID"
 

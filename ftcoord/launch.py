@@ -15,19 +15,18 @@ import signal
 import sys
 from dataclasses import fields
 
-from ftcoord import log
+from ftcoord import arguments, log
+from ftcoord.env import DEFAULT_STORE_HOST
 from ftcoord.errors import FtcoordError
-from ftcoord.server import DEFAULT_HOST, StoreServer
-from ftcoord.slots import SPARE_SLOT_BASE
-from ftcoord.store import StoreAddress, check_job_id, connect, job_store
-from ftcoord.supervisor import EXIT_FAILED, LaunchConfig, Supervisor
+from ftcoord.launch_config import SPARE_SLOT_BASE, LaunchConfig
 
-EXIT_USAGE = 2
+EXIT_FAILED = 1
+
 DEFAULTS = {f.name: f.default for f in fields(LaunchConfig) if f.name not in ("command", "job_id", "store")}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = arguments.Parser(
         prog="ftcoord-launch",
         description="Start this node's training processes under ftcoord and restart them through faults.",
         epilog="Exit codes: 0 the job finished (or stopped cleanly after SIGTERM); 1 a failure; 2 bad "
@@ -40,22 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--store", help="HOST:PORT of a running ftcoord-store")
     where.add_argument("--embedded-store", action="store_true",
                        help="start a store server inside this launcher (single node)")
-    parser.add_argument("--store-port", type=int, default=0, help="port of the embedded store (0: any free)")
-    parser.add_argument("--store-host", default=DEFAULT_HOST, help="interface of the embedded store")
+    parser.add_argument("--store-port", type=arguments.port, default=0, help="port of the embedded store (0: any free)")
+    parser.add_argument("--store-host", default=DEFAULT_STORE_HOST, help="interface of the embedded store")
     parser.add_argument("--job-id", required=True, help="names the job; its keys live under ftcoord/<job-id>/")
-    parser.add_argument("--nproc", type=int, default=DEFAULTS["nproc"], help="training processes on this node")
-    parser.add_argument("--spares", type=int, default=DEFAULTS["spares"], help="hot spare processes on this node")
-    parser.add_argument("--first-slot", type=int, default=DEFAULTS["first_slot"],
+    parser.add_argument("--nproc", type=arguments.positive_int, default=DEFAULTS["nproc"],
+                        help="training processes on this node")
+    parser.add_argument("--spares", type=arguments.non_negative_int, default=DEFAULTS["spares"],
+                        help="hot spare processes on this node")
+    parser.add_argument("--first-slot", type=arguments.non_negative_int, default=DEFAULTS["first_slot"],
                         help="slot of this node's first process (node i of N: i * nproc)")
-    parser.add_argument("--world-size", type=int, default=None,
+    parser.add_argument("--world-size", type=arguments.positive_int, default=None,
                         help="target world size of the whole job (default: --nproc, one node)")
-    parser.add_argument("--max-restarts", type=int, default=DEFAULTS["max_restarts"],
+    parser.add_argument("--max-restarts", type=arguments.non_negative_int, default=DEFAULTS["max_restarts"],
                         help="restarts per slot (slot policy) or of the whole job (job policy)")
     parser.add_argument("--restart-policy", choices=("slot", "job"), default=DEFAULTS["restart_policy"],
                         help="slot: restart only the dead process; job: restart every process (baseline)")
-    parser.add_argument("--warm-standby", type=int, default=DEFAULTS["warm_standby"],
-                        help="processes kept with torch imported, ready to take a dead slot at once")
-    parser.add_argument("--grace", type=float, default=DEFAULTS["grace_s"],
+    parser.add_argument("--warm-standby", type=arguments.non_negative_int, default=DEFAULTS["warm_standby"],
+                        help="1: keep a template process with torch (and the command's module) imported that forks "
+                             "each slot's process in milliseconds; 0: start every process as a new interpreter")
+    parser.add_argument("--grace", type=arguments.non_negative_float, default=DEFAULTS["grace_s"],
                         help="seconds children get after SIGTERM before SIGKILL")
     parser.add_argument("--log-dir", default=None, help="JSON-lines logs of the launcher and every process")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command of one process")
@@ -68,9 +70,12 @@ def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespa
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("missing the command to run after `--` (e.g. -- python train.py)")
-    for name in ("nproc", "spares", "max_restarts", "warm_standby", "first_slot"):
-        if getattr(args, name) < (1 if name == "nproc" else 0):
-            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
+    try:
+        arguments.executable(command[0])
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    from ftcoord.store import StoreAddress, check_job_id  # torch: only once the flags parsed
+
     try:
         check_job_id(args.job_id)
         if args.store:
@@ -88,6 +93,10 @@ def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespa
 
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_config(argv)
+    from ftcoord.server import StoreServer
+    from ftcoord.store import connect, job_store
+    from ftcoord.supervisor import Supervisor
+
     log.configure(os.path.join(config.log_dir, "launcher.jsonl") if config.log_dir else None)
     logger = log.get_logger(component="launcher")
     server = None

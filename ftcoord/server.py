@@ -18,10 +18,11 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse, StoreUnavailable
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 29600
+DEFAULT_HOST = DEFAULT_STORE_HOST
+DEFAULT_PORT = DEFAULT_STORE_PORT
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:

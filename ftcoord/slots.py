@@ -7,11 +7,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ftcoord import keys
+from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
 from ftcoord.store import get_or_none
-
-SPARE_SLOT_BASE = 100_000
-"""Launchers number hot spares from here (+ first slot): they sort after every worker slot, so
-workers keep their ranks, and a starting job seats its workers before any spare."""
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
 _ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)

@@ -37,7 +37,10 @@ from pathlib import Path
 from ftcoord.env import die_with_launcher
 
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
-NICE_ENV = "FTCOORD_STANDBY_NICE"  # "1": warm up niced (ranks are already training on this node)
+NICE_ENV = "FTCOORD_STANDBY_NICE"
+PRELOAD_ATTRIBUTE = "FTCOORD_PRELOAD"
+"""A module run with -m may list, under this name, the modules it imports late: the standby imports
+them too."""  # "1": warm up niced (ranks are already training on this node)
 STANDBY_ENV = "FTCOORD_STANDBY"  # set to "1" in a process that started as a standby
 
 
@@ -69,7 +72,10 @@ class PythonCommand:
             try:  # a module run with -m keeps its work behind `if __name__ == "__main__"`
                 module = importlib.import_module(self.module)
                 if hasattr(module, "__path__"):  # a package: -m runs its __main__, warm that too
-                    importlib.import_module(f"{self.module}.__main__")
+                    module = importlib.import_module(f"{self.module}.__main__")
+                # What the module imports only when it runs (after parsing its arguments, say).
+                for name in getattr(module, PRELOAD_ATTRIBUTE, ()):
+                    importlib.import_module(name)
             except Exception:  # noqa: S110 - preloading is best effort; the real run reports errors
                 pass
 

@@ -9,25 +9,27 @@ import signal
 import sys
 import threading
 
-from ftcoord import log
+from ftcoord import arguments, log
+from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse
-from ftcoord.server import DEFAULT_HOST, DEFAULT_PORT, StoreServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = arguments.Parser(
         prog="ftcoord-store",
         description="Run the external TCPStore server that ftcoord jobs coordinate through. "
         "It outlives every rank; stop it with SIGTERM or Ctrl-C. Prints one JSON line "
         '{"event": "store_ready", "address": "HOST:PORT", ...} on stdout when it listens.',
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--host", default=DEFAULT_HOST,
+    parser.add_argument("--host", default=DEFAULT_STORE_HOST,
                         help="interface to listen on; 0.0.0.0 exposes the store (no auth!) to the network")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
+    parser.add_argument("--port", type=arguments.port, default=DEFAULT_STORE_PORT,
+                        help="TCP port; 0 picks a free one")
     parser.add_argument("--log-file", default=None, help="also write JSON-lines events here")
     parser.add_argument("--quiet", action="store_true", help="no terminal log (stdout ready line only)")
     args = parser.parse_args(argv)
+    from ftcoord.server import StoreServer  # torch: only once the flags parsed
 
     log.configure(args.log_file, console=not args.quiet)
     logger = log.get_logger(component="store")

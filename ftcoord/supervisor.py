@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from ftcoord import env, keys, scratch
 from ftcoord.heartbeat import mark_dead
+from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
-from ftcoord.slots import SPARE_SLOT_BASE
 from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
 from ftcoord.store import get_or_none, read_int
 
@@ -30,37 +30,11 @@ STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it 
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_USAGE = 2
+"""The launcher's own bad arguments; and a child that exited 2: a bad argument or configuration of the
+command (argparse's code, `python -m training`'s for any configuration error), which no restart can fix."""
 EXIT_RESTARTS_EXHAUSTED = 3
 EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """What one launcher runs; defaults live here and are printed by --help."""
-
-    command: list[str]
-    job_id: str
-    store: str
-    nproc: int = 1
-    spares: int = 0
-    first_slot: int = 0
-    world_size: int | None = None
-    max_restarts: int = 3
-    restart_policy: str = "slot"
-    warm_standby: int = 1
-    grace_s: float = 30.0
-    log_dir: str | None = None
-    poll_s: float = 0.02
-
-    @property
-    def slots(self) -> list[int]:
-        workers = [self.first_slot + i for i in range(self.nproc)]
-        spares = [SPARE_SLOT_BASE + self.first_slot + i for i in range(self.spares)]
-        return workers + spares
-
-    @property
-    def target_world_size(self) -> int:
-        return self.world_size if self.world_size is not None else self.nproc
 
 
 @dataclass
@@ -249,6 +223,8 @@ class Supervisor:
             slot.finished = True
             self._log.info("child_finished", slot=slot.slot, pid=pid)
             return None
+        if code == EXIT_USAGE:
+            return self._configuration_error(slot, pid)
         registered = read_int(self.store, keys.incarnation(slot.slot))
         if self.config.restart_policy == "slot" and slot.restarts < self.config.max_restarts:
             # Say a replacement is coming *before* the death is known, so the leader waits for it
@@ -302,6 +278,29 @@ class Supervisor:
             slot.replacing_beat += 1
             slot.replacing_beat_at = now
             self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:{slot.replacing_beat}")
+
+    def _configuration_error(self, slot: SlotProcess, pid: int | None) -> int:
+        """A child refused its command line or configuration (exit 2): end the job now, restart nothing.
+
+        The whole job fails (`fatal`), so every other node's processes stop too; a job that never
+        formed a generation leaves no keys of this launcher's behind in the store.
+        """
+        message = (f"slot {slot.slot} exited with code 2: a bad argument or configuration of the command "
+                   f"(its message is above)")
+        print(f"ftcoord-launch: {message}; not restarting. Fix the command and launch again.", file=sys.stderr)
+        self._log.error("child_configuration_error", slot=slot.slot, pid=pid)
+        self._kill_all()
+        if self.store.check([keys.record(1)]):
+            self.store.compare_set(keys.FATAL, "", message)
+        else:
+            self._forget_unstarted_job()
+        return EXIT_USAGE
+
+    def _forget_unstarted_job(self) -> None:
+        """Delete the keys this launcher wrote for a job that never started (nothing else knows them)."""
+        for slot in self.config.slots:
+            for key in (keys.fence(slot), keys.replacing(slot), keys.incarnation(slot), keys.dead(slot)):
+                self.store.delete_key(key)
 
     def _restart_job(self) -> int | None:
         """The classic whole-job restart: stop every process, start them all again."""

@@ -28,6 +28,7 @@ from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FatalError, FtcoordError, JobFinished
 from ftcoord.participant import Participant
+from ftcoord.store import StoreAddress, check_job_id
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -117,12 +118,26 @@ class Wrapper:
 
         return wrapped
 
+    def check_configuration(self) -> None:
+        """Everything that can be checked before connecting to anyone: the store address, job id,
+        slot and world size from the environment, and the quorum policy (a world size that does not
+        divide the global batch is refused here, up front).
+
+        Raises:
+            ConfigError: with the value, the limit and what to do.
+        """
+        self._policy()
+        StoreAddress.parse(self.store or env.store_from_env())
+        check_job_id(self.job_id or env.job_id_from_env())
+
+    def _policy(self) -> QuorumPolicy:
+        target = self.world_size if self.world_size is not None else env.world_size_from_env()
+        return QuorumPolicy(target, self.min_world_size, self.max_world_size, self.global_batch)
+
     def _participant(self) -> Participant:
         slot = self.slot if self.slot is not None else env.slot_from_env()
-        target = self.world_size if self.world_size is not None else env.world_size_from_env()
-        policy = QuorumPolicy(target, self.min_world_size, self.max_world_size, self.global_batch)
         return Participant(self.store or env.store_from_env(), self.job_id or env.job_id_from_env(),
-                           slot, policy, self.timing, self.progress_timeout)
+                           slot, self._policy(), self.timing, self.progress_timeout)
 
     def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R | None:
         """Run `fn(call, *args, **kwargs)` until it returns on every member.

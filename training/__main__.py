@@ -11,33 +11,41 @@ import os
 import sys
 from dataclasses import fields
 
-from ftcoord import FatalError, FtcoordError, Wrapper, env, log
-from training.config import GRAD_REDUCTIONS, STRATEGIES, TrainConfig
-from training.loop import Trainer
-from training.models import MODELS
+from ftcoord import arguments, env, log
+from ftcoord.errors import ConfigError, FatalError, FtcoordError
+from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, TrainConfig
+from training.errors import TrainingConfigError
+
+FTCOORD_PRELOAD = ("training.loop",)
+"""What ftcoord-launch's warm standby imports ahead of time for this command (torch, the loop, the
+models): this module itself imports them only after its arguments parsed, so a bad command line
+is answered in a fraction of a second."""
 
 DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "hooks"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training", description=__doc__,
+    p = arguments.Parser(prog="python -m training", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--job-id", default=None, help="default: FTCOORD_JOB_ID from the launcher")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="global steps to train in total")
-    p.add_argument("--global-batch", type=int, default=DEFAULTS["global_batch"],
+    p.add_argument("--steps", type=arguments.positive_int, default=DEFAULTS["steps"],
+                   help="global steps to train in total")
+    p.add_argument("--global-batch", type=arguments.positive_int, default=DEFAULTS["global_batch"],
                    help="samples per step over all ranks (constant through world-size changes)")
     p.add_argument("--model", choices=MODELS, default=DEFAULTS["model"])
     p.add_argument("--dataset", default=DEFAULTS["dataset"],
                    help="synthetic[:N] | fakedata[:N] | fakedata100[:N] | cifar10:PATH | cifar100:PATH | "
                    "imagefolder:PATH")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--lr", type=arguments.positive_float, default=DEFAULTS["lr"])
     p.add_argument("--optimizer", choices=("sgd", "adam"), default=DEFAULTS["optimizer"])
     p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (resume is automatic)")
     p.add_argument("--ckpt-strategy", choices=STRATEGIES, default=DEFAULTS["ckpt_strategy"])
-    p.add_argument("--ckpt-every", type=int, default=DEFAULTS["ckpt_every"], help="steps between checkpoints")
-    p.add_argument("--ckpt-keep", type=int, default=DEFAULTS["ckpt_keep"], help="checkpoints kept on disk")
-    p.add_argument("--ckpt-max-failures", type=int, default=DEFAULTS["ckpt_max_failures"],
+    p.add_argument("--ckpt-every", type=arguments.positive_int, default=DEFAULTS["ckpt_every"],
+                   help="steps between checkpoints")
+    p.add_argument("--ckpt-keep", type=arguments.positive_int, default=DEFAULTS["ckpt_keep"],
+                   help="checkpoints kept on disk")
+    p.add_argument("--ckpt-max-failures", type=arguments.positive_int, default=DEFAULTS["ckpt_max_failures"],
                    help="failed saves in a row (full disk, read-only, I/O error) before the job stops with an error "
                         "naming the directory; each failure is logged as checkpoint_failed")
     p.add_argument("--ckpt-start-over", action="store_true",
@@ -46,26 +54,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-start", action="store_true",
                    help="accept a checkpoint from another configuration: load its weights only")
     p.add_argument("--log-dir", default=None, help="step ledger and logs (default: FTCOORD_LOG_DIR)")
-    p.add_argument("--step-time", type=float, default=DEFAULTS["step_time"],
+    p.add_argument("--step-time", type=arguments.non_negative_float, default=DEFAULTS["step_time"],
                    help="extra seconds per step, to shape a run")
-    p.add_argument("--sample-time", type=float, default=DEFAULTS["sample_time"],
+    p.add_argument("--sample-time", type=arguments.non_negative_float, default=DEFAULTS["sample_time"],
                    help="extra seconds per sample of this rank's shard (emulated compute: a rank with a "
                         "bigger shard, as after losing ranks, takes longer)")
-    p.add_argument("--min-world-size", type=int, default=DEFAULTS["min_world_size"])
+    p.add_argument("--min-world-size", type=arguments.positive_int, default=DEFAULTS["min_world_size"])
     p.add_argument("--grad-reduction", choices=GRAD_REDUCTIONS, default=DEFAULTS["grad_reduction"],
                    help="fixed: gradients summed in rank order, so a run with faults ends bit-identical to a "
                         "fault-free run at every world size; allreduce: DDP's built-in (exact up to 2 ranks)")
     p.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY step hook (fault injection)")
-    p.add_argument("--heartbeat-interval", type=float, default=None)
-    p.add_argument("--heartbeat-timeout", type=float, default=None)
-    p.add_argument("--join-timeout", type=float, default=None)
-    p.add_argument("--progress-timeout", type=float, default=None)
-    p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group (collective) timeout, seconds")
+    p.add_argument("--heartbeat-interval", type=arguments.positive_float, default=None)
+    p.add_argument("--heartbeat-timeout", type=arguments.positive_float, default=None)
+    p.add_argument("--join-timeout", type=arguments.positive_float, default=None)
+    p.add_argument("--progress-timeout", type=arguments.positive_float, default=None)
+    p.add_argument("--pg-timeout", type=arguments.positive_float, default=60.0,
+                   help="process-group (collective) timeout, seconds")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done (or stopped for a preemption); 2 a bad argument or configuration, found before
+    training starts (the launcher does not restart it); 4 the job failed (a fatal error, here or in a peer)."""
     args = build_parser().parse_args(argv)
+    from ftcoord.wrapper import Wrapper  # torch: only once the command line is known to be good
+    from training.loop import Trainer
+
     try:
         config = TrainConfig(
             job_id=args.job_id or env.job_id_from_env(), steps=args.steps, global_batch=args.global_batch,
@@ -78,24 +92,36 @@ def main(argv: list[str] | None = None) -> int:
             min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, hooks=tuple(args.hook))
         slot = env.slot_from_env()
         if config.log_dir:
-            log.configure(os.path.join(config.log_dir, f"train-slot{slot}-{os.getpid()}.jsonl"))
+            _configure_logs(config.log_dir, slot)
+        wrapper = Wrapper(job_id=config.job_id, min_world_size=config.min_world_size,
+                          global_batch=config.global_batch, heartbeat_interval=args.heartbeat_interval,
+                          heartbeat_timeout=args.heartbeat_timeout, join_timeout=args.join_timeout,
+                          progress_timeout=args.progress_timeout, pg_timeout=args.pg_timeout, log_dir=config.log_dir)
+        wrapper.check_configuration()
         trainer = Trainer(config, slot)
     except FtcoordError as exc:
         print(f"python -m training: {exc}", file=sys.stderr)
         return 2
-    wrapper = Wrapper(job_id=config.job_id, min_world_size=config.min_world_size, global_batch=config.global_batch,
-                      heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-                      join_timeout=args.join_timeout, progress_timeout=args.progress_timeout,
-                      pg_timeout=args.pg_timeout, log_dir=config.log_dir)
     result = None
     try:
         result = wrapper.run(trainer)
+    except ConfigError as exc:  # found when the job's coordination started: still nothing trained
+        print(f"python -m training: {exc}", file=sys.stderr)
+        return 2
     except FatalError as exc:
         print(f"python -m training: {exc}", file=sys.stderr)
         return 4
     finally:
         trainer.close(finished=result == "done")
     return 0
+
+
+def _configure_logs(log_dir: str, slot: int) -> None:
+    try:
+        log.configure(os.path.join(log_dir, f"train-slot{slot}-{os.getpid()}.jsonl"))
+    except OSError as exc:
+        raise TrainingConfigError(f"--log-dir {log_dir}: cannot write logs there ({exc.strerror}); create it or "
+                                  f"point --log-dir (or FTCOORD_LOG_DIR) at a writable directory") from exc
 
 
 if __name__ == "__main__":

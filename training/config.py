@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from training.errors import TrainingConfigError
 
 STRATEGIES = ("none", "blocking", "overlapped", "flash")
+MODELS = ("mlp", "small-cnn", "resnet18", "big-mlp")
 GRAD_REDUCTIONS = ("fixed", "allreduce")
 """fixed: gradients summed in rank order (training.reduction; the default); allreduce: DDP's built-in
 (exact only up to 2 ranks)."""

@@ -63,6 +63,15 @@ def _folder(path: str, what: str) -> Path:
     return folder
 
 
+def _size(spec: str, text: str, default: int) -> int:
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise TrainingConfigError(f"dataset {spec!r}: the size after ':' must be a whole number >= 1 "
+                                  f"(e.g. {spec.partition(':')[0]}:{default})")
+    return int(text)
+
+
 def make_dataset(spec: str, seed: int = 0) -> Dataset:
     """Build a dataset from a CLI spec.
 
@@ -71,10 +80,10 @@ def make_dataset(spec: str, seed: int = 0) -> Dataset:
     name, _, arg = spec.partition(":")
     to_tensor = transforms.ToTensor()
     if name == "synthetic":
-        return SyntheticDataset(size=int(arg) if arg else 8192, seed=seed)
+        return SyntheticDataset(size=_size(spec, arg, 8192), seed=seed)
     if name in ("fakedata", "fakedata100"):
         classes = 100 if name == "fakedata100" else 10
-        fake = torchvision.datasets.FakeData(size=int(arg) if arg else 2048, image_size=(3, 32, 32),
+        fake = torchvision.datasets.FakeData(size=_size(spec, arg, 2048), image_size=(3, 32, 32),
                                              num_classes=classes, transform=to_tensor, random_offset=seed)
         return WithIds(fake, classes)
     if name in ("cifar10", "cifar100"):

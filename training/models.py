@@ -6,9 +6,8 @@ import torch
 import torchvision
 from torch import nn
 
+from training.config import MODELS  # noqa: F401 - re-exported: the names build_model knows
 from training.errors import TrainingConfigError
-
-MODELS = ("mlp", "small-cnn", "resnet18", "big-mlp")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int) -> nn.Module:

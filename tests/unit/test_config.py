@@ -34,8 +34,12 @@ def test_quorum_policy_accepts_only_divisors_of_the_global_batch() -> None:
     assert [n for n in range(1, 6) if policy.accepts(n)] == [1, 2, 4]
 
 
-def test_quorum_policy_refuses_a_size_range_with_no_divisor() -> None:
-    with pytest.raises(ConfigError, match=r"divides global_batch=7; pick one of \[1, 7\]"):
+def test_quorum_policy_refuses_a_launch_whose_world_size_does_not_divide_the_global_batch() -> None:
+    """Trimming to a size that fits is for faults: a bad launch is refused up front, naming both numbers."""
+    with pytest.raises(ConfigError, match=r"global_batch 7 is not divisible by the job's world size 2; launch a "
+                                          r"world size in \[1\] .*--global-batch"):
+        QuorumPolicy(target_world_size=2, global_batch=7)
+    with pytest.raises(ConfigError, match=r"world size 4; launch a world size in \[1, 7\]"):
         QuorumPolicy(target_world_size=4, min_world_size=2, global_batch=7)
 
 

@@ -1,0 +1,41 @@
+"""What one launcher runs, with its defaults in one place (`ftcoord-launch --help` prints them).
+
+Pure Python on purpose: the launcher parses and checks its command line before it imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPARE_SLOT_BASE = 100_000
+"""Launchers number hot spares from here (+ first slot): they sort after every worker slot, so
+workers keep their ranks, and a starting job seats its workers before any spare."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What one launcher runs; defaults live here and are printed by --help."""
+
+    command: list[str]
+    job_id: str
+    store: str
+    nproc: int = 1
+    spares: int = 0
+    first_slot: int = 0
+    world_size: int | None = None
+    max_restarts: int = 3
+    restart_policy: str = "slot"
+    warm_standby: int = 1
+    grace_s: float = 30.0
+    log_dir: str | None = None
+    poll_s: float = 0.02
+
+    @property
+    def slots(self) -> list[int]:
+        workers = [self.first_slot + i for i in range(self.nproc)]
+        spares = [SPARE_SLOT_BASE + self.first_slot + i for i in range(self.spares)]
+        return workers + spares
+
+    @property
+    def target_world_size(self) -> int:
+        return self.world_size if self.world_size is not None else self.nproc
