@@ -60,6 +60,12 @@ class Timing:
         return 1.5 * self.heartbeat_interval
 
     @property
+    def probe_grace(self) -> float:
+        """After a leader asked every live process to beat at once (a probe, ftcoord.evidence): how long
+        a silent member of a generation with a closed connection has to answer before it counts as gone."""
+        return min(0.25, self.evidence_silence)
+
+    @property
     def tick(self) -> float:
         """How often the leader re-reads liveness when nothing wakes it earlier."""
         return min(self.heartbeat_interval / 2, 0.25)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.log import get_logger
+from ftcoord.store import wait_for_key
 
 # Where a training thread sits while it waits for its peers.
 WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
@@ -78,18 +79,27 @@ class Heartbeat:
         return False
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
+        """Beat every interval, and at once when a leader asks (a probe: ftcoord.evidence)."""
+        try:
+            asked = int(self._store.add(keys.PROBE, 0))
+            while not self._stop.is_set():
+                if wait_for_key(self._store, keys.probe(asked + 1), self._interval):
+                    asked = int(self._store.add(keys.PROBE, 0))
+                if self._stop.is_set():
+                    return
                 self.beat()
-            except Exception as exc:  # the store is gone: nothing left to prove to
-                self.failed = exc
-                self._log.error("heartbeat_failed", error=str(exc))
+        except Exception as exc:  # the store is gone: nothing left to prove to
+            if self._stop.is_set():
                 return
+            self.failed = exc
+            self._log.error("heartbeat_failed", error=str(exc))
 
     def stop(self) -> None:
+        """Stop beating. The thread may sit in a store wait for up to one interval: it is a daemon and
+        checks the stop before every beat, so nobody waits for it here."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(self._interval + 1.0)
+            self._thread.join(0.05)
 
 
 class LivenessObserver:
@@ -121,6 +131,11 @@ class LivenessObserver:
         previous = self._seen.get(name)
         since = previous[1] if previous is not None else self._born
         return self._clock() - max(since, self._born)
+
+    def silent_since(self, name: str, moment: float) -> bool:
+        """This observer watched the counter from before `moment` (its own clock) and saw no change after it."""
+        previous = self._seen.get(name)
+        return self._born <= moment and (previous is None or previous[1] <= moment)
 
     def is_stale(self, name: str, timeout: float | None = None) -> bool:
         return self.silent_for(name) >= (self.timeout if timeout is None else timeout)

@@ -12,6 +12,12 @@ DONE = "done"  # set when the job completed: every process exits 0
 STOP = "stop"  # "generation:slot:incarnation" of the first process asked to stop (SIGTERM)
 FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
+PROBE = "probe"  # counter: how many times a leader asked every heartbeat thread to beat at once
+
+
+def probe(asked: int) -> str:
+    """Set when a leader asks, for the `asked`-th time, every live process to beat now (ftcoord.evidence)."""
+    return f"probe/{asked}"
 
 
 def registered(slot: int) -> str:

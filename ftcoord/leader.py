@@ -114,6 +114,7 @@ class LeaderDuty:
         self._open: dict[int, _OpenGeneration] = {}
         self._fenced: set[tuple[int, int]] = set()
         self._closed_in: GenerationRecord | None = None
+        self._probe = evidence.Probe(store)
         self._stop = threading.Event()
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-leader-{slot}", daemon=True)
@@ -205,15 +206,18 @@ class LeaderDuty:
 
     def _gone_by_evidence(self, record: GenerationRecord | None, joined: set[int] = frozenset()) -> set[int]:
         """Members of `record` gone by evidence: a connection closed under the generation, and they neither
-        rejoined, nor said they were leaving, nor beat for `evidence_silence` (ftcoord.evidence)."""
+        rejoined, nor said they were leaving, nor beat for `evidence_silence` or since they were asked to
+        (a probe, answered within `probe_grace` by any live process: ftcoord.evidence)."""
         if record is None or record.failed is not None:
             return set()
         closed, leaving = evidence.read(self._store, record.generation)
         if not closed:
             return set()
-        silence = self._timing.evidence_silence
+        asked = self._probe.ask(record.generation)
+        unanswered = time.monotonic() - asked >= self._timing.probe_grace
         return {m for m in record.members if m not in joined and m not in leaving
-                and self._observer.silent_for(f"hb/{m}") >= silence}
+                and (self._observer.silent_for(f"hb/{m}") >= self._timing.evidence_silence
+                     or (unanswered and self._observer.silent_since(f"hb/{m}", asked)))}
 
     def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
         self._claim = claim
@@ -247,7 +251,8 @@ class LeaderDuty:
                 return  # decided: look again at once
         joined = read_int(self._store, keys.join_count(generation))
         # Sleep until the next joiner arrives or a tick passes, whichever is first.
-        wait_for_key(self._store, keys.join_signal(generation, joined + 1), self._timing.tick)
+        wait_for_key(self._store, keys.join_signal(generation, joined + 1),
+                     self._probe.wait_at_most(self._timing.probe_grace, self._timing.tick))
 
     def _alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
         return not facts.is_gone(incarnation) and not self._observer.is_stale(f"hb/{facts.slot}")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from ftcoord.heartbeat import LivenessObserver
+import time
+
+from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord.evidence import Probe
+from ftcoord.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.leader import LeaderClaim
 
 
@@ -41,6 +45,43 @@ def test_reset_after_a_pause_forgets_old_observations() -> None:
     clock.now += 30.0  # this observer itself was stopped
     observer.reset()
     assert not observer.is_stale("hb/0")
+
+
+def test_silence_since_a_question_counts_only_for_an_observer_that_watched_before_it() -> None:
+    clock = FakeClock()
+    observer = LivenessObserver(timeout=5.0, clock=clock)
+    observer.observe("hb/0", 1)
+    observer.observe("hb/1", 1)
+    clock.now += 0.1
+    asked = clock.now
+    clock.now += 0.1
+    observer.observe("hb/1", 2)  # answered
+    assert observer.silent_since("hb/0", asked) and not observer.silent_since("hb/1", asked)
+    observer.reset()  # this observer was paused: it knows nothing about the time of the question
+    assert not observer.silent_since("hb/0", asked)
+
+
+def test_a_heartbeat_thread_answers_a_probe_at_once_whatever_its_interval(store_server: StoreServer,
+                                                                          job_id: str) -> None:
+    """The evidence path's keystone: a live process beats within milliseconds of a leader's question,
+    so silence after one is proof enough (ftcoord.evidence)."""
+    store = job_store(connect(store_server.address), job_id)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=3, interval=30.0)
+    heartbeat.start()
+    try:
+        before = int(store.add(keys.heartbeat(3), 0))
+        probe = Probe(store)
+        asked = probe.ask(generation=7)
+        assert probe.ask(generation=7) == asked  # once per generation
+        deadline = time.monotonic() + 10.0
+        while int(store.add(keys.heartbeat(3), 0)) == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        answered = time.monotonic() - asked
+        assert int(store.add(keys.heartbeat(3), 0)) > before, "the heartbeat thread never answered the probe"
+        assert answered < 1.0, f"answered after {answered:.3f}s: a live member would be declared gone"
+        assert heartbeat.failed is None
+    finally:
+        heartbeat.stop()
 
 
 def test_leader_claim_round_trips() -> None:
