@@ -11,10 +11,14 @@ sum. Here every element is reduced as `((g_0 + g_1) + ... + g_{W-1}) / W`, in ra
   and reduces with `reduce_in_rank_order`, the same arithmetic, so an elastic run (2 -> 1 -> 2)
   is checked bit for bit too.
 
-The hook is bandwidth-optimal like a ring all-reduce: `all_to_all` hands rank c the c-th chunk
-of every rank's bucket, rank c sums its chunk in rank order, `all_gather` returns the chunks.
-It runs synchronously inside backward (no overlap of communication with the rest of backward);
-its cost is measured by `chaos bench` (`reduction`).
+With 2 ranks every element's sum is one addition, and `a + b` has the same bits as `b + a`: the
+hook is then a plain asynchronous all-reduce (sum) followed by the division, the arithmetic above
+exactly, overlapping communication with the rest of backward as DDP's own reduction does (it cost
+1.35x DDP's step time when it took the general path, 32 ms vs 24 ms per step in `chaos bench`).
+With 3+ ranks the hook is bandwidth-optimal like a ring all-reduce: `all_to_all` hands rank c the
+c-th chunk of every rank's bucket, rank c sums its chunk in rank order, `all_gather` returns the
+chunks. That path runs synchronously inside backward (a collective issued from a future's callback
+could reach the ranks in different orders); its cost is measured by `chaos bench` (`reduction`).
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations at runtime
@@ -66,8 +70,13 @@ def fixed_order_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     tensor = bucket.buffer()
     group = state.group
     world = dist.get_world_size(group)
+    if world == 2:
+        if state.between_phases is not None:
+            state.between_phases()  # the peer may already wait in this bucket's all-reduce
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        return work.get_future().then(lambda done: done.value()[0].div_(world))
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    if world > 1:
+    if world > 2:
         n = tensor.numel()
         chunk = -(-n // world)
         padded = tensor.new_zeros(chunk * world)

@@ -132,3 +132,15 @@ def test_two_at_once(tmp_path: Path) -> None:
     report = run("two-at-once", tmp_path)
     assert report["world_sizes"] == [3] and report["generations"] == 2
     assert all(f["full_recover_s"] < 1.0 for f in report["faults"]), report["faults"]
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_kill_midreduce(nproc: int, tmp_path: Path) -> None:
+    """SIGKILL inside the gradient reduction, its peer(s) blocked in the collective: 2 ranks take the
+    asynchronous all-reduce path, 3 the all-to-all + all-gather path; both recover fast and exactly."""
+    bundled = Path(__file__).parents[2] / "chaos" / "scenarios" / "kill-midreduce.toml"
+    scenario = tmp_path / f"kill-midreduce-{nproc}.toml"
+    scenario.write_text(bundled.read_text().replace("nproc = 2", f"nproc = {nproc}"))
+    report = run(str(scenario), tmp_path)
+    assert report["world_sizes"] == [nproc] and report["restarts"] == 2
+    assert all(f["recover_s"] is not None and f["recover_s"] < 2.0 for f in report["faults"]), report["faults"]
