@@ -73,7 +73,8 @@ def classes(steps: int) -> dict[str, tuple[JobSpec, tuple[Fault, ...]]]:
 
 def bench_recovery_by_fault(out: Path, reps: int, steps: int) -> dict[str, Any]:
     """Per class: {"stall_s", "full_s", "detect_s"} as median/min/max/samples (full_s None when the world
-    never returns to full size by design: a node lost for good)."""
+    never returns to full size by design: a node lost for good; detect_s None when no run logged a
+    detection: a whole-job restart may stop every process before any of them notices)."""
     plan = classes(steps)
     names = list(plan)
     samples: dict[str, dict[str, list[float]]] = {n: {"stall_s": [], "full_s": [], "detect_s": []} for n in names}
@@ -83,7 +84,7 @@ def bench_recovery_by_fault(out: Path, reps: int, steps: int) -> dict[str, Any]:
             timings = fault_run(out, f"recovery-{name.replace(' ', '-').replace(',', '')}", job, faults)
             for key, value in (("stall_s", max(t["recover_s"] for t in timings)),
                                ("full_s", max((t["full_recover_s"] for t in timings), default=None)),
-                               ("detect_s", min(t["detect_s"] for t in timings if t["detect_s"] is not None))):
+                               ("detect_s", min((t["detect_s"] for t in timings if t["detect_s"] is not None), default=None))):
                 if value is not None:
                     samples[name][key].append(value)
     return {name: {key: summary(values) if values else None for key, values in per.items()}
