@@ -113,15 +113,15 @@ class LivenessObserver:
         self.timeout = timeout
         self._clock = clock
         self._born = clock()
-        self._seen: dict[str, tuple[int, float]] = {}
+        self._seen: dict[str, tuple[object, float]] = {}
 
     def reset(self) -> None:
         """Forget everything (after this observer itself was paused, e.g. SIGSTOPped)."""
         self._born = self._clock()
         self._seen.clear()
 
-    def observe(self, name: str, value: int) -> None:
-        """Feed the latest value of a counter."""
+    def observe(self, name: str, value: object) -> None:
+        """Feed the latest value of a counter (any value compared with `!=`)."""
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
             self._seen[name] = (value, self._clock())

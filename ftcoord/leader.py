@@ -180,7 +180,8 @@ class LeaderDuty:
         facts = read_facts(self._store, slots)
         for slot, fact in facts.items():
             self._observer.observe(f"hb/{slot}", fact.heartbeat)
-            self._observer.observe(f"replacing/{slot}", fact.replacing_beat)
+            # The announced incarnation too: a new announcement starts at beat 0, like the last one may have.
+            self._observer.observe(f"replacing/{slot}", (fact.replacing, fact.replacing_beat))
         return read_at, facts
 
     def _try_acquire(self, facts: dict[int, SlotFacts]) -> None:

@@ -216,6 +216,16 @@ class Supervisor:
         self._refresh_standby()
         return None
 
+    def _replacement_coming(self, slot: SlotProcess, registered: int) -> None:
+        """Say a replacement is coming *before* the death is known (a fenced process not yet reaped, an
+        exit not yet marked), so the leader waits for it instead of shrinking the world and growing it
+        back a moment later (see _announce_replacements)."""
+        if self.config.restart_policy != "slot" or slot.restarts >= self.config.max_restarts:
+            return
+        if slot.replacing != registered + 1:
+            slot.replacing, slot.replacing_beat = registered + 1, 0
+            self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:0")
+
     def _on_exit(self, slot: SlotProcess, code: int) -> int | None:
         pid = slot.process.pid if slot.process else None
         slot.process = None
@@ -226,11 +236,7 @@ class Supervisor:
         if code == EXIT_USAGE:
             return self._configuration_error(slot, pid)
         registered = read_int(self.store, keys.incarnation(slot.slot))
-        if self.config.restart_policy == "slot" and slot.restarts < self.config.max_restarts:
-            # Say a replacement is coming *before* the death is known, so the leader waits for it
-            # instead of shrinking the world and growing it back (see _announce_replacements).
-            slot.replacing, slot.replacing_beat = registered + 1, 0
-            self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:0")
+        self._replacement_coming(slot, registered)
         if registered >= slot.incarnation:
             mark_dead(self.store, slot.slot, slot.incarnation)
         self._log.warning("child_exited", slot=slot.slot, pid=pid, code=code, incarnation=slot.incarnation)
@@ -346,6 +352,7 @@ class Supervisor:
             assert slot.process is not None
             self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,
                               incarnation=slot.incarnation)
+            self._replacement_coming(slot, read_int(self.store, keys.incarnation(slot.slot)))
             slot.process.kill()
             slot.fence_killed = True
 
