@@ -8,7 +8,8 @@ When to decide generation g+1 (recovery at the speed of evidence, not of timeout
 - at once when every live slot has joined (a starting job: every worker; spares only at last call);
 - a slot is dead without waiting when there is evidence: its launcher's dead mark, or a connection
   that closed under the generation's collectives while it neither rejoined, announced leaving nor
-  beat for 1.5 heartbeat intervals (ftcoord.evidence); silence for heartbeat_timeout is the last resort;
+  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence);
+  silence for heartbeat_timeout is the last resort;
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
   (one generation change, the world size kept, however slow a cold start); a process that is alive
   but slow to join, up to join_timeout after the last arrival; then a partial quorum.
