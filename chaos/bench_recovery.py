@@ -84,7 +84,8 @@ def bench_recovery_by_fault(out: Path, reps: int, steps: int) -> dict[str, Any]:
             timings = fault_run(out, f"recovery-{name.replace(' ', '-').replace(',', '')}", job, faults)
             for key, value in (("stall_s", max(t["recover_s"] for t in timings)),
                                ("full_s", max((t["full_recover_s"] for t in timings), default=None)),
-                               ("detect_s", min((t["detect_s"] for t in timings if t["detect_s"] is not None), default=None))):
+                               ("detect_s", min((t["detect_s"] for t in timings if t["detect_s"] is not None),
+                                                default=None))):
                 if value is not None:
                     samples[name][key].append(value)
     return {name: {key: summary(values) if values else None for key, values in per.items()}

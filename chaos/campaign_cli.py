@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.campaign import METRICS, load, parse_seeds
+from chaos.campaign import METRICS, Campaign
 from chaos.campaign_runner import CampaignRunner, plan
 from chaos.summary import fmt, headline, published, write_summary
 
@@ -26,9 +26,7 @@ def default_out(names: list[str], quick: bool) -> Path:
     return Path("runs") / f"campaign-{stem}"
 
 
-def run_campaigns(args: argparse.Namespace) -> int:
-    campaigns = [load(name, quick=args.quick) for name in args.campaigns]
-    seeds = parse_seeds(args.seeds) if args.seeds else None
+def run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seeds: tuple[int, ...] | None) -> int:
     if args.dataset:
         from training.data import make_dataset
 

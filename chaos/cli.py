@@ -21,8 +21,9 @@ from typing import Any
 
 from chaos.campaign import bundled_names as campaign_names
 from chaos.campaign import load as load_campaign
+from chaos.campaign import parse_seeds
 from chaos.errors import ReferenceUnusable
-from chaos.scenario import ScenarioError, bundled_names, load
+from chaos.scenario import ScenarioError, bundled_names, load, scenario_of
 from ftcoord import arguments
 
 
@@ -80,10 +81,10 @@ def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
 def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:
     import json
 
+    scenario = scenario_of(run_dir)  # before torch is imported: a wrong directory is answered at once
     from chaos.reference import ensure_reference
-    from chaos.report import build_report, scenario_of, write_report
+    from chaos.report import build_report, write_report
 
-    scenario = scenario_of(run_dir)
     ref_dir, ref = ensure_reference(scenario)
     previous = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
     report = build_report(run_dir, scenario, ref_dir, ref)
@@ -142,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:17s} {load_campaign(name).experiment}")
             return 0
         if args.command == "campaign":
+            # Torch-free: a bad name, file or seed list is answered before the runner is imported.
+            campaigns = [load_campaign(name, quick=args.quick) for name in args.campaigns]
+            seeds = parse_seeds(args.seeds) if args.seeds else None
             from chaos.campaign_cli import run_campaigns
 
-            return run_campaigns(args)
+            return run_campaigns(args, campaigns, seeds)
         if args.command in ("run", "demo"):
             name = "demo" if args.command == "demo" else args.scenario
             out = args.out or Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -11,16 +11,8 @@ from chaos.metrics import divergence, fault_timings, goodput, loss_curve, read_l
 from chaos.proof import FINAL_PARAMS, prove
 from chaos.reference import ReferenceUnusable, reference_model
 from chaos.run import OUTCOME
-from chaos.scenario import Scenario, parse, training_config
+from chaos.scenario import Scenario, training_config
 from training.ledger import read_ledgers
-
-
-def scenario_of(run_dir: Path) -> Scenario:
-    path = run_dir / "scenario.toml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a chaos run directory (no scenario.toml); "
-                                f"create one with `chaos run SCENARIO --out {run_dir}`")
-    return parse(path.read_text(), str(path))
 
 
 def outcome_problems(run_dir: Path) -> list[str]:

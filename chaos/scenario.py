@@ -280,3 +280,12 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def scenario_of(run_dir: Path) -> Scenario:
+    """The scenario a run directory was made from (its scenario.toml)."""
+    path = run_dir / "scenario.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a chaos run directory (no scenario.toml); "
+                                f"create one with `chaos run SCENARIO --out {run_dir}`")
+    return parse(path.read_text(), str(path))

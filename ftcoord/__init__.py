@@ -19,7 +19,7 @@ _WHERE = {
     "Participant": "ftcoord.participant",
     "GenerationRecord": "ftcoord.record",
     "StoreProcess": "ftcoord.server", "StoreServer": "ftcoord.server",
-    "StoreAddress": "ftcoord.store", "connect": "ftcoord.store", "job_store": "ftcoord.store",
+    "StoreAddress": "ftcoord.address", "connect": "ftcoord.store", "job_store": "ftcoord.store",
     "RestartsExhausted": "ftcoord.wrapper", "Wrapper": "ftcoord.wrapper",
 }
 
@@ -41,6 +41,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from ftcoord.address import StoreAddress
     from ftcoord.call import CallWrapper, GenerationInterrupted
     from ftcoord.config import QuorumPolicy, Timing
     from ftcoord.errors import (
@@ -57,5 +58,5 @@ if TYPE_CHECKING:
     from ftcoord.participant import Participant
     from ftcoord.record import GenerationRecord
     from ftcoord.server import StoreProcess, StoreServer
-    from ftcoord.store import StoreAddress, connect, job_store
+    from ftcoord.store import connect, job_store
     from ftcoord.wrapper import RestartsExhausted, Wrapper

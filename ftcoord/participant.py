@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ftcoord import keys
+from ftcoord.address import StoreAddress
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
 from ftcoord.generation import GenerationClient
@@ -14,7 +15,7 @@ from ftcoord.log import get_logger
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import register
-from ftcoord.store import StoreAddress, connect, job_store
+from ftcoord.store import connect, job_store
 
 
 class Participant:

@@ -12,7 +12,8 @@ fault a cold start while a new standby warmed up: the demo measured 2.6 s per re
 Forking is safe because the template never runs a torch op (torch's thread pools start lazily)
 and touches no accelerator; numpy's OpenBLAS, the one library that starts a thread at import,
 shuts its pool down around fork. Protocol: the launcher writes `{"spawn": id, "env": {...}}` lines
-on the template's stdin; the template answers on its reply descriptor `ready`, then
+on the template's stdin; the template answers on its reply descriptor `{"ready": true, "refused": ...}`
+(refused: why the command's module turned its command line down, see PRELOAD_ATTRIBUTE), then
 `{"spawned": id, "pid": N}` and `{"exited": N, "code": C}` (it is the replacements' parent and
 reaps them). The template dies with its launcher, and its replacements with it; a closed stdin
 lets it exit once its last replacement has.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import runpy
@@ -38,9 +40,12 @@ from ftcoord.env import die_with_launcher
 
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
 NICE_ENV = "FTCOORD_STANDBY_NICE"
-PRELOAD_ATTRIBUTE = "FTCOORD_PRELOAD"
-"""A module run with -m may list, under this name, the modules it imports late: the standby imports
-them too."""  # "1": warm up niced (ranks are already training on this node)
+PRELOAD_ATTRIBUTE = "ftcoord_preload"
+"""A module run with -m may name, under this name, what it imports late (after parsing its arguments,
+say): a tuple of module names, or a function of the command's arguments that returns them and raises
+for a command line the module would refuse. The standby imports them too; a refused command line
+preloads nothing (not even torch), so the processes forked from it fail in a fraction of a second
+with their own message instead of after seconds of imports."""
 STANDBY_ENV = "FTCOORD_STANDBY"  # set to "1" in a process that started as a standby
 
 
@@ -63,21 +68,33 @@ class PythonCommand:
             return cls(None, command[1], command[2:])
         return None
 
-    def preload(self) -> None:
-        """Import what the command will import, without running its main."""
-        import torch  # noqa: F401
-        import torch.distributed  # noqa: F401
+    def preload(self) -> str | None:
+        """Import what the command will import, without running its main.
 
+        Returns why nothing heavy was imported (the command's module refused its command line, see
+        PRELOAD_ATTRIBUTE), or None when torch and the command's modules are loaded.
+        """
+        late: tuple[str, ...] = ()
         if self.module is not None:
             try:  # a module run with -m keeps its work behind `if __name__ == "__main__"`
                 module = importlib.import_module(self.module)
+                main_name = f"{self.module}.__main__"
                 if hasattr(module, "__path__"):  # a package: -m runs its __main__, warm that too
-                    module = importlib.import_module(f"{self.module}.__main__")
-                # What the module imports only when it runs (after parsing its arguments, say).
-                for name in getattr(module, PRELOAD_ATTRIBUTE, ()):
-                    importlib.import_module(name)
+                    module = importlib.import_module(main_name)
+                    # runpy executes it afresh as __main__, and warns when it finds it already imported
+                    sys.modules.pop(main_name, None)
+                late = _late_imports(module, self.args)
+            except _Refused as exc:
+                return str(exc)
             except Exception:  # noqa: S110 - preloading is best effort; the real run reports errors
                 pass
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+
+        for name in late:
+            with contextlib.suppress(Exception):  # best effort, as above
+                importlib.import_module(name)
+        return None
 
     def run(self) -> int:
         """Run as `__main__`, like the interpreter would; return the exit code."""
@@ -97,6 +114,27 @@ class PythonCommand:
             traceback.print_exc()
             return 1
         return 0
+
+
+class _Refused(Exception):
+    """The command's module refused its command line (its preload function raised)."""
+
+
+def _late_imports(module: object, args: list[str]) -> tuple[str, ...]:
+    """The module's PRELOAD_ATTRIBUTE, called with the command's arguments when it is a function (its
+    messages silenced: the forked processes print their own)."""
+    declared = getattr(module, PRELOAD_ATTRIBUTE, ())
+    if not callable(declared):
+        return tuple(declared)
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            return tuple(declared(list(args)))
+    except SystemExit as exc:
+        said = sink.getvalue().strip().splitlines()
+        raise _Refused(said[-1] if said else f"exit code {exc.code}") from None
+    except Exception as exc:
+        raise _Refused(f"{type(exc).__name__}: {exc}") from None
 
 
 STANDBY_NICE = 10
@@ -168,13 +206,13 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Warm up at low priority when ranks already train here: the import must not slow them.
     niced = _lower_priority() if os.environ.pop(NICE_ENV, "1") == "1" else 0
-    parsed.preload()
+    refused = parsed.preload()
     reply_fd = int(os.environ.pop(READY_FD_ENV))
 
     def reply(message: str) -> None:
         os.write(reply_fd, (message + "\n").encode())
 
-    reply("ready")
+    reply(json.dumps({"ready": True, "refused": refused}))
     children: set[int] = set()
     pending = b""
     stdin_open = True
@@ -199,7 +237,7 @@ def main() -> None:
                 break
             children.discard(pid)
             reply(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}))
-    sys.exit(0)
+    os._exit(0)  # nothing to flush or finalize; the interpreter's teardown of torch would take ~1 s
 
 
 @dataclass
@@ -245,6 +283,9 @@ class WarmStandby:
     process: subprocess.Popen[bytes]
     reply_fd: int
     ready: bool = False
+    refused: str | None = None
+    """Why the command's module refused its command line when the standby warmed up (it preloaded
+    nothing heavy); None when it preloaded."""
     children: dict[int, ForkedProcess] = field(default_factory=dict)
     _buffer: bytes = b""
     _spawned: dict[int, int] = field(default_factory=dict)
@@ -273,11 +314,10 @@ class WarmStandby:
         self._buffer += chunk
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
-            if line == b"ready":
-                self.ready = True
-                continue
             message = json.loads(line)
-            if "spawned" in message:
+            if "ready" in message:
+                self.ready, self.refused = True, message["refused"]
+            elif "spawned" in message:
                 self._spawned[message["spawned"]] = message["pid"]
             elif message["exited"] in self.children:
                 self.children.pop(message["exited"]).returncode = message["code"]

@@ -6,53 +6,19 @@ background thread of ftcoord works on its own `clone()`.
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 import tenacity
 import torch.distributed as dist
 
-from ftcoord.errors import ConfigError, StoreUnavailable
+from ftcoord.address import StoreAddress, check_job_id
+from ftcoord.errors import StoreUnavailable
 
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 KEY_PREFIX = "ftcoord"
 DEFAULT_OP_TIMEOUT = timedelta(seconds=300)
 
 Store = dist.Store
-
-
-@dataclass(frozen=True)
-class StoreAddress:
-    """Where the external TCPStore server listens."""
-
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> StoreAddress:
-        """Parse "host:port" (IPv6 as "[::1]:port")."""
-        match = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", text.strip())
-        if not match:
-            raise ConfigError(f"store address {text!r} is not HOST:PORT (e.g. 127.0.0.1:29600)")
-        port = int(match.group(2))
-        if not 0 < port < 65536:
-            raise ConfigError(f"store port {port} in {text!r} is outside 1..65535")
-        return cls(match.group(1), port)
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def check_job_id(job_id: str) -> str:
-    """Job ids become key prefixes: keep them to a safe alphabet."""
-    if not JOB_ID_PATTERN.match(job_id):
-        raise ConfigError(
-            f"job id {job_id!r} must be 1-128 characters of letters, digits, '.', '_' "
-            f"or '-', starting with a letter or digit"
-        )
-    return job_id
 
 
 def connect(

@@ -96,18 +96,21 @@ class Supervisor:
 
     # -- environment and process start ------------------------------------------------
 
-    def _child_env(self, slot: SlotProcess) -> dict[str, str]:
+    def _job_env(self) -> dict[str, str]:
+        """What every process of this launcher is told about the job (the warm standby too: a module's
+        preload function checks its command line against it, see ftcoord.standby)."""
         values = {
             env.STORE_ENV: self.config.store,
             env.JOB_ID_ENV: self.config.job_id,
-            env.SLOT_ENV: str(slot.slot),
             env.WORLD_SIZE_ENV: str(self.config.target_world_size),
-            env.LOCAL_RANK_ENV: str(slot.local_rank),
             env.LAUNCHER_PID_ENV: str(os.getpid()),
         }
         if self.config.log_dir:
             values[env.LOG_DIR_ENV] = self.config.log_dir
         return values
+
+    def _child_env(self, slot: SlotProcess) -> dict[str, str]:
+        return {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank)}
 
     def _start(self, slot: SlotProcess, from_standby: bool = True) -> None:
         """Start the slot's process: forked by the warm standby, or a new interpreter.
@@ -145,14 +148,16 @@ class Supervisor:
             self.standby = None
         if self.standby is None:
             first = self._standby_started is None
-            self.standby = WarmStandby.start(self.config.command, {**self._env, env.LAUNCHER_PID_ENV: str(os.getpid())},
-                                             niced=not first)
+            self.standby = WarmStandby.start(self.config.command, {**self._env, **self._job_env()}, niced=not first)
             self._standby_started = time.monotonic()
         was_ready = self.standby.ready
         self.standby.pump()
         if self.standby.ready and not was_ready:
-            self._log.info("standby_ready", pid=self.standby.process.pid,
+            self._log.info("standby_ready", pid=self.standby.process.pid, preloaded=self.standby.refused is None,
                            warmup_s=round(time.monotonic() - (self._standby_started or 0.0), 3))
+            if self.standby.refused is not None:
+                self._log.warning("standby_preload_refused", reason=self.standby.refused,
+                                  why="the command's module refused its command line; its processes will say why")
 
     def _standby_warming(self) -> bool:
         """The standby is alive, not ready yet, and has not taken longer than STANDBY_WAIT_S."""

@@ -7,6 +7,10 @@ Each call of the function is one generation. On any fault (an exception here, a 
 collective, an interrupt because a peer died, hung or rejoined) the wrapper tears down
 the generation's process group and calls the function again in the next generation: no
 new Python process, no re-import of torch.
+
+Constructing a Wrapper and `check_configuration()` import no torch (the participant and the call
+are imported by `run`): a program can refuse a bad configuration before paying for torch, and
+ftcoord-launch's warm standby can ask it to (see ftcoord.standby).
 """
 
 from __future__ import annotations
@@ -21,14 +25,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ftcoord import env, log
-from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
+from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FatalError, FtcoordError, JobFinished
-from ftcoord.participant import Participant
-from ftcoord.store import StoreAddress, check_job_id
+
+if TYPE_CHECKING:
+    from ftcoord.participant import Participant
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -135,6 +140,8 @@ class Wrapper:
         return QuorumPolicy(target, self.min_world_size, self.max_world_size, self.global_batch)
 
     def _participant(self) -> Participant:
+        from ftcoord.participant import Participant
+
         slot = self.slot if self.slot is not None else env.slot_from_env()
         return Participant(self.store or env.store_from_env(), self.job_id or env.job_id_from_env(),
                            slot, self._policy(), self.timing, self.progress_timeout)
@@ -148,6 +155,8 @@ class Wrapper:
             RestartsExhausted: more than max_restarts in-process restarts.
             QuorumTimeout: too few processes to form a generation.
         """
+        from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
+
         env.die_with_launcher()
         log_dir = self.log_dir or os.environ.get(env.LOG_DIR_ENV)
         participant = self._participant()

@@ -10,16 +10,15 @@ import argparse
 import os
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from ftcoord import arguments, env, log
 from ftcoord.errors import ConfigError, FatalError, FtcoordError
-from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, TrainConfig
+from ftcoord.wrapper import Wrapper
+from training.checkpoint import atomic
+from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, DatasetSpec, TrainConfig, check_dataset_holds_a_batch
 from training.errors import TrainingConfigError
-
-FTCOORD_PRELOAD = ("training.loop",)
-"""What ftcoord-launch's warm standby imports ahead of time for this command (torch, the loop, the
-models): this module itself imports them only after its arguments parsed, so a bad command line
-is answered in a fraction of a second."""
+from training.hooks import check_hook
 
 DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "hooks"}
 
@@ -73,31 +72,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def prepare(argv: list[str] | None) -> tuple[TrainConfig, Wrapper, int]:
+    """Everything that can be checked before importing torch: the command line, the configuration, the
+    dataset's folder, the job's world size against the global batch (from the launcher's environment).
+
+    Raises:
+        SystemExit: 2, argparse's answer to a malformed command line.
+        FtcoordError: a value that cannot work (its message names it, the limit and what to do).
+    """
+    args = build_parser().parse_args(argv)
+    config = TrainConfig(
+        job_id=args.job_id or env.job_id_from_env(), steps=args.steps, global_batch=args.global_batch,
+        model=args.model, dataset=args.dataset, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
+        ckpt_dir=args.ckpt_dir, ckpt_strategy=args.ckpt_strategy if args.ckpt_dir else "none",
+        ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, ckpt_max_failures=args.ckpt_max_failures,
+        ckpt_start_over=args.ckpt_start_over, warm_start=args.warm_start,
+        log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
+        sample_time=args.sample_time,
+        min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, hooks=tuple(args.hook))
+    dataset = DatasetSpec.parse(config.dataset)
+    dataset.check()
+    if dataset.size:
+        check_dataset_holds_a_batch(dataset.size, config.global_batch)
+    for hook in config.hooks:
+        check_hook(hook)
+    wrapper = Wrapper(job_id=config.job_id, min_world_size=config.min_world_size,
+                      global_batch=config.global_batch, heartbeat_interval=args.heartbeat_interval,
+                      heartbeat_timeout=args.heartbeat_timeout, join_timeout=args.join_timeout,
+                      progress_timeout=args.progress_timeout, pg_timeout=args.pg_timeout, log_dir=config.log_dir)
+    wrapper.check_configuration()
+    return config, wrapper, env.slot_from_env()
+
+
+def ftcoord_preload(argv: list[str]) -> tuple[str, ...]:
+    """What ftcoord-launch's warm standby imports ahead of time for this command line (torch, the loop,
+    the models and their libraries). A command line `prepare` refuses raises here: the standby then
+    imports nothing heavy, and the process it forks says what is wrong in a fraction of a second."""
+    prepare(argv)
+    return ("training.loop",)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done (or stopped for a preemption); 2 a bad argument or configuration, found before
     training starts (the launcher does not restart it); 4 the job failed (a fatal error, here or in a peer)."""
-    args = build_parser().parse_args(argv)
-    from ftcoord.wrapper import Wrapper  # torch: only once the command line is known to be good
-    from training.loop import Trainer
-
     try:
-        config = TrainConfig(
-            job_id=args.job_id or env.job_id_from_env(), steps=args.steps, global_batch=args.global_batch,
-            model=args.model, dataset=args.dataset, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
-            ckpt_dir=args.ckpt_dir, ckpt_strategy=args.ckpt_strategy if args.ckpt_dir else "none",
-            ckpt_every=args.ckpt_every, ckpt_keep=args.ckpt_keep, ckpt_max_failures=args.ckpt_max_failures,
-            ckpt_start_over=args.ckpt_start_over, warm_start=args.warm_start,
-            log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
-            sample_time=args.sample_time,
-            min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, hooks=tuple(args.hook))
-        slot = env.slot_from_env()
+        config, wrapper, slot = prepare(argv)
+        if config.ckpt_dir is not None:
+            atomic.require_writable(Path(config.ckpt_dir))
         if config.log_dir:
             _configure_logs(config.log_dir, slot)
-        wrapper = Wrapper(job_id=config.job_id, min_world_size=config.min_world_size,
-                          global_batch=config.global_batch, heartbeat_interval=args.heartbeat_interval,
-                          heartbeat_timeout=args.heartbeat_timeout, join_timeout=args.join_timeout,
-                          progress_timeout=args.progress_timeout, pg_timeout=args.pg_timeout, log_dir=config.log_dir)
-        wrapper.check_configuration()
+        from training.loop import Trainer  # torch: only once the command line is known to be good
+
         trainer = Trainer(config, slot)
     except FtcoordError as exc:
         print(f"python -m training: {exc}", file=sys.stderr)

@@ -5,14 +5,70 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from training.errors import TrainingConfigError
+from training.errors import DatasetNotFound, TrainingConfigError
 
 STRATEGIES = ("none", "blocking", "overlapped", "flash")
 MODELS = ("mlp", "small-cnn", "resnet18", "big-mlp")
 GRAD_REDUCTIONS = ("fixed", "allreduce")
 """fixed: gradients summed in rank order (training.reduction; the default); allreduce: DDP's built-in
 (exact only up to 2 ranks)."""
+
+DATASET_FORMS = "synthetic[:N], fakedata[:N], fakedata100[:N], cifar10:PATH, cifar100:PATH or imagefolder:PATH"
+SIZED_DATASETS = {"synthetic": 8192, "fakedata": 2048, "fakedata100": 2048}
+"""Generated datasets and their default sizes (`NAME:N` picks another)."""
+FOLDER_DATASETS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagefolder": "ImageFolder"}
+"""Datasets read from a local folder (never downloaded)."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A `--dataset` value, parsed without importing torch: a generated dataset and its size, or a
+    dataset read from a local folder."""
+
+    name: str
+    size: int = 0
+    folder: Path | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> DatasetSpec:
+        name, _, arg = spec.partition(":")
+        if name in SIZED_DATASETS:
+            if not arg:
+                return cls(name, SIZED_DATASETS[name])
+            if not arg.isdigit() or int(arg) < 1:
+                raise TrainingConfigError(f"dataset {spec!r}: the size after ':' must be a whole number >= 1 "
+                                          f"(e.g. {name}:{SIZED_DATASETS[name]})")
+            return cls(name, int(arg))
+        if name in FOLDER_DATASETS:
+            return cls(name, folder=Path(arg).expanduser())
+        raise TrainingConfigError(f"unknown dataset {spec!r}; use {DATASET_FORMS}")
+
+    def require_folder(self) -> Path:
+        """The dataset's local folder; DatasetNotFound when it does not exist."""
+        assert self.folder is not None, f"{self.name} is generated, it has no folder"
+        if not self.folder.is_dir():
+            raise DatasetNotFound(
+                f"{FOLDER_DATASETS[self.name]} folder {str(self.folder)!r} does not exist; point to a local copy "
+                f"(this tool never downloads at run time) or use --dataset synthetic / fakedata"
+            )
+        return self.folder
+
+    def check(self) -> None:
+        """Everything that can be known before loading: a folder dataset's folder exists."""
+        if self.folder is not None:
+            self.require_folder()
+
+
+def check_dataset_holds_a_batch(dataset_size: int, global_batch: int) -> None:
+    """An epoch needs at least one global batch."""
+    if dataset_size < global_batch:
+        raise TrainingConfigError(
+            f"the dataset has {dataset_size} samples, fewer than global_batch={global_batch}; "
+            f"use a larger dataset or a smaller --global-batch"
+        )
+
 
 # Fields that change the training trajectory: a checkpoint written under other values of
 # these must not be resumed silently.
@@ -79,6 +135,7 @@ class TrainConfig:
                                       f"{', '.join(GRAD_REDUCTIONS)}")
         if self.optimizer not in ("sgd", "adam"):
             raise TrainingConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adam")
+        DatasetSpec.parse(self.dataset)
 
     def trajectory(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}

@@ -6,14 +6,14 @@ Never downloads: CIFAR and ImageFolder read a local folder and fail clearly with
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import torch
 import torchvision
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-from training.errors import DatasetNotFound, TrainingConfigError
+from training.config import DatasetSpec
+from training.errors import DatasetNotFound
 from training.sampler import derive_seed
 
 
@@ -53,59 +53,35 @@ class WithIds(Dataset):
         return x, int(y), index
 
 
-def _folder(path: str, what: str) -> Path:
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise DatasetNotFound(
-            f"{what} folder {str(folder)!r} does not exist; point to a local copy (this tool never "
-            f"downloads at run time) or use --dataset synthetic / fakedata"
-        )
-    return folder
-
-
-def _size(spec: str, text: str, default: int) -> int:
-    if not text:
-        return default
-    if not text.isdigit() or int(text) < 1:
-        raise TrainingConfigError(f"dataset {spec!r}: the size after ':' must be a whole number >= 1 "
-                                  f"(e.g. {spec.partition(':')[0]}:{default})")
-    return int(text)
-
-
 def make_dataset(spec: str, seed: int = 0) -> Dataset:
-    """Build a dataset from a CLI spec.
+    """Build a dataset from a CLI spec (see training.config.DatasetSpec).
 
     synthetic[:N] | fakedata[:N] | fakedata100[:N] | cifar10:PATH | cifar100:PATH | imagefolder:PATH
     """
-    name, _, arg = spec.partition(":")
+    parsed = DatasetSpec.parse(spec)
     to_tensor = transforms.ToTensor()
-    if name == "synthetic":
-        return SyntheticDataset(size=_size(spec, arg, 8192), seed=seed)
-    if name in ("fakedata", "fakedata100"):
-        classes = 100 if name == "fakedata100" else 10
-        fake = torchvision.datasets.FakeData(size=_size(spec, arg, 2048), image_size=(3, 32, 32),
-                                             num_classes=classes, transform=to_tensor, random_offset=seed)
+    if parsed.name == "synthetic":
+        return SyntheticDataset(size=parsed.size, seed=seed)
+    if parsed.name in ("fakedata", "fakedata100"):
+        classes = 100 if parsed.name == "fakedata100" else 10
+        fake = torchvision.datasets.FakeData(size=parsed.size, image_size=(3, 32, 32), num_classes=classes,
+                                             transform=to_tensor, random_offset=seed)
         return WithIds(fake, classes)
-    if name in ("cifar10", "cifar100"):
-        folder = _folder(arg, name.upper())
-        cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    folder = parsed.require_folder()
+    if parsed.name in ("cifar10", "cifar100"):
+        cls = torchvision.datasets.CIFAR10 if parsed.name == "cifar10" else torchvision.datasets.CIFAR100
         try:
             inner = cls(str(folder), train=True, download=False, transform=to_tensor)
         except RuntimeError as exc:
+            name = parsed.name.upper()
             raise DatasetNotFound(
-                f"no {name.upper()} data in {str(folder)!r} ({exc}); it must hold the extracted "
+                f"no {name} data in {str(folder)!r} ({exc}); it must hold the extracted "
                 f"python-version archive (e.g. cifar-10-batches-py/)"
             ) from exc
-        return WithIds(inner, 10 if name == "cifar10" else 100)
-    if name == "imagefolder":
-        folder = _folder(arg, "ImageFolder")
-        tf = transforms.Compose([transforms.Resize((32, 32)), to_tensor])
-        inner = torchvision.datasets.ImageFolder(str(folder), transform=tf)
-        return WithIds(inner, len(inner.classes))
-    raise TrainingConfigError(
-        f"unknown dataset {spec!r}; use synthetic[:N], fakedata[:N], fakedata100[:N], cifar10:PATH, "
-        f"cifar100:PATH or imagefolder:PATH"
-    )
+        return WithIds(inner, 10 if parsed.name == "cifar10" else 100)
+    tf = transforms.Compose([transforms.Resize((32, 32)), to_tensor])
+    inner = torchvision.datasets.ImageFolder(str(folder), transform=tf)
+    return WithIds(inner, len(inner.classes))
 
 
 def collate(dataset: Dataset, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

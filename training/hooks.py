@@ -9,6 +9,7 @@ this rank). With no hook installed the loop only tests an empty tuple: no cost w
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +33,18 @@ class StepHook(Protocol):
     def after_backward(self, ctx: StepContext) -> None: ...
 
     def mid_reduction(self, ctx: StepContext) -> None: ...
+
+
+def check_hook(spec: str) -> None:
+    """Before importing anything heavy: the hook's module can be found (loading it may import torch)."""
+    module_name, _, _ = spec.partition(":")
+    try:
+        found = bool(module_name) and importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError) as exc:
+        raise TrainingConfigError(f"--hook {spec!r}: cannot load it ({exc}); use MODULE:FACTORY") from exc
+    if not found:
+        raise TrainingConfigError(f"--hook {spec!r}: cannot load it (no module named {module_name!r}); "
+                                  f"use MODULE:FACTORY with a module on the Python path")
 
 
 def load_hook(spec: str, config: Any) -> StepHook:

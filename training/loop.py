@@ -18,7 +18,6 @@ from training.checkpoint import atomic
 from training.checkpoint.base import CheckpointStrategy, Loaded, SaveStats, load_latest, make_strategy
 from training.config import TrainConfig
 from training.data import batch_hash, collate, make_dataset
-from training.errors import TrainingConfigError
 from training.heal import heal
 from training.hooks import StepContext, StepHook, load_hook
 from training.ledger import Ledger
@@ -26,15 +25,6 @@ from training.models import build_model, parameter_count
 from training.planted import DOUBLE_STEP_AFTER_RESUME, planted_bug
 from training.sampler import ResumableGlobalBatchSampler, derive_seed, ids_hash, local_batch
 from training.state import TrainState, build_optimizer, build_scheduler
-
-
-def _check_writable(root: Path) -> None:
-    """Before step 0: the checkpoint directory exists (or can be made) and takes a file."""
-    try:
-        atomic.lineage(root)  # creates the directory and writes its lineage token once
-    except OSError as exc:
-        raise TrainingConfigError(f"--ckpt-dir {root}: cannot write checkpoints there ({exc}); create it, fix its "
-                                  f"permissions, or point --ckpt-dir at a writable directory") from exc
 
 
 class Trainer:
@@ -51,7 +41,7 @@ class Trainer:
         self.state = TrainState(model, optimizer, build_scheduler(config, optimizer), self.sampler)
         self.config_hash = config.config_hash()
         if config.ckpt_dir is not None:
-            _check_writable(Path(config.ckpt_dir))
+            atomic.require_writable(Path(config.ckpt_dir))
         self.checkpoint: CheckpointStrategy | None = make_strategy(
             config.ckpt_strategy, config.ckpt_dir, config_hash=self.config_hash, keep=config.ckpt_keep,
             job_id=config.job_id, max_failures=config.ckpt_max_failures)

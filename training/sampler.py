@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from training.config import check_dataset_holds_a_batch
 from training.errors import TrainingConfigError
 
 
@@ -30,11 +31,7 @@ class ResumableGlobalBatchSampler:
     def __init__(self, dataset_size: int, global_batch: int, seed: int) -> None:
         if global_batch < 1:
             raise TrainingConfigError(f"global_batch={global_batch} must be >= 1")
-        if dataset_size < global_batch:
-            raise TrainingConfigError(
-                f"the dataset has {dataset_size} samples, fewer than global_batch={global_batch}; "
-                f"use a larger dataset or a smaller --global-batch"
-            )
+        check_dataset_holds_a_batch(dataset_size, global_batch)
         self.dataset_size = dataset_size
         self.global_batch = global_batch
         self.seed = seed

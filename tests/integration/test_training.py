@@ -29,6 +29,10 @@ def test_kills_at_a_boundary_and_mid_step_end_bit_identical_to_a_fault_free_run(
     code, out = run.wait()
     assert code == 0, out[-2000:]
     assert len(list((tmp_path / "run").glob("fault-*"))) == 2, "both faults should have fired"
+    # The launcher's warm standby accepted this command line and preloaded torch and the loop (a refusal
+    # would leave every replacement to import them itself: seconds per recovery).
+    ready = run.logs("standby_ready")
+    assert ready and all(e["preloaded"] for e in ready), ready
     proof = run.verify(steps)
     assert proof.passed, proof.problems
     verdict = proof.verdict

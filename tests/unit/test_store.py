@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 
 from ftcoord import ConfigError, PortInUse, StoreAddress, StoreServer, StoreUnavailable, connect, job_store, mark_dead
+from ftcoord.address import check_job_id
 from ftcoord.server import bind_listen_socket
-from ftcoord.store import check_job_id
 
 
 def free_port() -> int:

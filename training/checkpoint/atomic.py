@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.errors import TrainingConfigError
+
 MANIFEST = "manifest.json"
 PAYLOAD = "state.pt"
 LATEST = "latest"
@@ -295,6 +297,15 @@ def reject(path: Path) -> Path:
         target = path.with_name(f"{path.name}{REJECTED}{n}")
     os.rename(path, target)
     return target
+
+
+def require_writable(root: Path) -> None:
+    """Before step 0: the checkpoint directory exists (or can be made) and takes a file (its lineage)."""
+    try:
+        lineage(root)
+    except OSError as exc:
+        raise TrainingConfigError(f"--ckpt-dir {root}: cannot write checkpoints there ({exc}); create it, fix its "
+                                  f"permissions, or point --ckpt-dir at a writable directory") from exc
 
 
 def lineage(root: Path) -> str:

@@ -1,0 +1,65 @@
+"""The warm standby asks the command's module whether its command line is good before importing torch
+(real template processes, real forks)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftcoord import env
+from ftcoord.standby import WarmStandby
+from tests.helpers.cluster import REPO
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB_ENV = {env.STORE_ENV: "127.0.0.1:29999", env.JOB_ID_ENV: "standby-test", env.WORLD_SIZE_ENV: "2",
+           "PYTHONPATH": str(REPO)}
+
+
+def torch_loaded(pid: int) -> bool:
+    """Whether the process has torch's library mapped (what a preload costs: seconds of import)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def start(args: list[str]) -> WarmStandby:
+    standby = WarmStandby.start([sys.executable, "-m", "training", *args], {**os.environ, **JOB_ENV}, niced=False)
+
+    def ready() -> bool:
+        standby.pump()
+        return standby.ready
+
+    wait_until(ready, 45, "the standby never said it was ready")
+    return standby
+
+
+def test_a_good_command_line_is_preloaded() -> None:
+    standby = start(["--steps", "5", "--global-batch", "8"])
+    try:
+        assert standby.refused is None
+        assert torch_loaded(standby.process.pid), "torch should be imported before the first fork"
+    finally:
+        standby.close()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--dataset", "nosuch"], "unknown dataset 'nosuch'"),
+    (["--global-batch", "7"], "not divisible by the job's world size 2"),
+    (["--steps", "-5"], "--steps"),
+])
+def test_a_refused_command_line_preloads_nothing_and_its_processes_fail_at_once(args: list[str], says: str) -> None:
+    standby = start(args)
+    try:
+        assert standby.refused is not None and says in standby.refused, standby.refused
+        assert not torch_loaded(standby.process.pid)
+        started = time.monotonic()
+        child = standby.spawn({env.SLOT_ENV: "0"})
+        assert child is not None
+        assert child.wait(timeout=10) == 2  # the command's own answer to a bad configuration
+        assert time.monotonic() - started < 2.0
+    finally:
+        standby.close()
