@@ -37,3 +37,8 @@ class QuorumTimeout(FtcoordError):
 
 class JobFinished(FtcoordError):
     """The job was marked done while this process was waiting to join."""
+
+
+class Superseded(FtcoordError):
+    """A newer incarnation of this process's slot registered (this one was paused, or partitioned away,
+    long enough to be replaced): it must exit, not take part again."""

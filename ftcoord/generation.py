@@ -2,7 +2,12 @@
 
 A process never waits for a generation that has already been decided: if the record of
 g leaves it out, it moves on to g+1 (and interrupts g when the job is below its target
-size), so the "restart before the leader advanced" race cannot deadlock.
+size), so the "restart before the leader advanced" race cannot deadlock. One that wakes from a
+pause to find its generation forgotten (keys.FORGOTTEN) catches up with the newest.
+
+Only the newest incarnation of a slot takes part: an older one (a process that was paused, or cut
+off, long enough for its slot to be restarted) raises Superseded before it announces itself or
+interrupts anyone, so a ghost cannot interrupt every generation that lists its slot.
 """
 
 from __future__ import annotations
@@ -11,12 +16,13 @@ import time
 
 import torch.distributed as dist
 
-from ftcoord import keys
+from ftcoord import keys, pausepoints
 from ftcoord.config import Timing
-from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout
-from ftcoord.leader import current_generation, read_record
+from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
+from ftcoord.leader import current_generation, is_forgotten, read_record
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.slots import superseded
 from ftcoord.store import get_or_none, wait_for_key
 
 
@@ -41,13 +47,21 @@ class GenerationClient:
         Raises:
             JobFinished: the job completed while we waited (a spare's normal end).
             QuorumTimeout: too few processes joined within barrier_timeout.
+            Superseded: a newer incarnation of this slot registered; this process must exit.
         """
+        self.raise_if_superseded()
         generation = self.current() + 1
         self._interrupt_if_needed(self.record(generation - 1))
         while True:
             self._raise_if_failed()
+            self.raise_if_superseded()
             self._announce(generation, step)
+            pausepoints.reached(pausepoints.JOIN_ANNOUNCED)
             record = self._wait_record(generation)
+            if record is None:  # decided and forgotten while we were paused: catch up with the newest
+                self._log.info("generation_forgotten", generation=generation)
+                generation = max(generation, self.current()) + 1
+                continue
             self._raise_if_failed()
             if record.failed is not None:
                 raise QuorumTimeout(record.failed)
@@ -60,6 +74,11 @@ class GenerationClient:
                            spare=record.was_considered(self.slot, self.incarnation))
             self._interrupt_if_needed(record)
             generation += 1
+
+    def raise_if_superseded(self) -> None:
+        reason = superseded(self._store, self.slot, self.incarnation)
+        if reason is not None:
+            raise Superseded(f"{reason}; it exits without taking part again")
 
     def record(self, generation: int) -> GenerationRecord | None:
         return read_record(self._store, generation) if generation > 0 else None
@@ -138,8 +157,9 @@ class GenerationClient:
         elif record.world_size < record.target_world_size:
             self.interrupt(record.generation, f"grow:slot={self.slot}")
 
-    def _wait_record(self, generation: int) -> GenerationRecord:
-        """Wait for the record of `generation`, in slices (to notice the job ending).
+    def _wait_record(self, generation: int) -> GenerationRecord | None:
+        """Wait for the record of `generation`, in slices (to notice the job ending); None when it was
+        decided and forgotten already (this process was paused meanwhile).
 
         No deadline while the previous generation still runs (a hot spare may wait for
         hours); once it ended, a leader must decide within barrier_timeout plus the time
@@ -151,7 +171,7 @@ class GenerationClient:
         while True:
             if wait_for_key(self._store, key, slice_s):
                 record = self.record(generation)
-                if record is not None:
+                if record is not None or is_forgotten(self._store, generation):
                     return record
             self._raise_if_failed()
             if self.is_done() or self.is_stopped():

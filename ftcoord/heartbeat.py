@@ -107,13 +107,18 @@ class LivenessObserver:
 
     A fresh observer has seen nothing change yet, so it must watch for a full timeout
     before it may call anyone dead: a new leader never kills on stale data.
+
+    Silence is measured between observations, never up to "now": a counter is silent for the time
+    between the read that first showed its current value and the latest read. An observer that was
+    itself paused (SIGSTOP, a long GC, swapping) between a read and its judgement therefore sees no
+    silence that it did not observe; its next read shows whoever kept beating as alive.
     """
 
     def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout = timeout
         self._clock = clock
         self._born = clock()
-        self._seen: dict[str, tuple[object, float]] = {}
+        self._seen: dict[str, tuple[object, float, float]] = {}  # value, first seen at, last read at
 
     def reset(self) -> None:
         """Forget everything (after this observer itself was paused, e.g. SIGSTOPped)."""
@@ -122,20 +127,27 @@ class LivenessObserver:
 
     def observe(self, name: str, value: object) -> None:
         """Feed the latest value of a counter (any value compared with `!=`)."""
+        now = self._clock()
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
-            self._seen[name] = (value, self._clock())
+            self._seen[name] = (value, now, now)
+        else:
+            self._seen[name] = (value, previous[1], now)
 
     def silent_for(self, name: str) -> float:
-        """Seconds since the counter last changed (or since this observer was born)."""
+        """Seconds the counter was observed unchanged: from the read that first showed its value (or this
+        observer's birth) to the latest read."""
         previous = self._seen.get(name)
-        since = previous[1] if previous is not None else self._born
-        return self._clock() - max(since, self._born)
+        if previous is None:
+            return 0.0
+        return previous[2] - max(previous[1], self._born)
 
-    def silent_since(self, name: str, moment: float) -> bool:
-        """This observer watched the counter from before `moment` (its own clock) and saw no change after it."""
+    def silent_since(self, name: str, moment: float, until: float) -> bool:
+        """This observer watched the counter from before `moment` (its own clock), read it again at or after
+        `until`, and saw no change after `moment`."""
         previous = self._seen.get(name)
-        return self._born <= moment and (previous is None or previous[1] <= moment)
+        return (self._born <= moment and previous is not None and previous[1] <= moment
+                and previous[2] >= until)
 
     def is_stale(self, name: str, timeout: float | None = None) -> bool:
         return self.silent_for(name) >= (self.timeout if timeout is None else timeout)

@@ -56,13 +56,20 @@ def left(slot: int) -> str:
 
 
 def fence(slot: int) -> str:
-    """The incarnation of the slot the leader declared dead: its launcher kills it."""
+    """"term:incarnation": the incarnation of the slot a leader of that term declared dead: its launcher
+    kills it, unless a newer leader term holds the `leader` key by then ("0" until a first fence)."""
     return f"slot/{slot}/fence"
 
 
 def record(generation: int) -> str:
-    """The immutable record of a generation, written once with compare_set."""
+    """The immutable record of a generation, written once with compare_set from absent; when the
+    generation is forgotten its value becomes FORGOTTEN, never absent again (see ftcoord.leader)."""
     return f"gen/{generation}/record"
+
+
+FORGOTTEN = "forgotten"
+"""The tombstone an old generation's record becomes: the key stays, so compare_set(record, "", ...) of a
+leader that paused before writing it fails instead of writing the generation a second time."""
 
 
 def joiners(generation: int) -> str:

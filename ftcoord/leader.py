@@ -14,6 +14,21 @@ When to decide generation g+1 (recovery at the speed of evidence, not of timeout
   (one generation change, the world size kept, however slow a cold start); a process that is alive
   but slow to join, up to join_timeout after the last arrival; then a partial quorum.
 A leader whose own death has such evidence is replaced at once for the same reasons.
+
+Safety under pauses (a leader may stop at any instruction for any time and wake up; reproduced by
+the tests with ftcoord.pausepoints):
+- `gen/<g>/record` is written once, with compare_set from absent, and never becomes absent again
+  (an old generation's record is replaced by the keys.FORGOTTEN tombstone, not deleted): a leader
+  that paused before its write and wakes after g was decided (or forgotten) fails its write.
+- `gen/current` only moves forward (compare_set up to the larger value).
+- Leadership is the `leader` key, "term:slot:incarnation", taken with compare_set; a term only grows.
+  A leader confirms its claim before each round of writes, and its fences carry its term: a launcher
+  kills on a fence only while no newer term holds the key, so a deposed leader that wakes kills nobody.
+- Liveness is judged on observations only (ftcoord.heartbeat.LivenessObserver): a leader paused
+  between its reads and its judgement sees no silence that it did not observe.
+A record written by a leader deposed between its last check and its write is still the one decision
+for that generation, made from what it observed while it led; the members follow it, and a stale
+judgement in it is corrected by the next generation.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord import evidence, keys
+from ftcoord import evidence, keys, pausepoints
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.log import get_logger
@@ -65,8 +80,25 @@ def current_generation(store: dist.Store) -> int:
 
 
 def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
+    """The record of `generation`; None when it is not decided yet, or forgotten (keys.FORGOTTEN)."""
     raw = get_or_none(store, keys.record(generation))
-    return GenerationRecord.from_json(raw) if raw else None
+    return GenerationRecord.from_json(raw) if raw and raw.decode() != keys.FORGOTTEN else None
+
+
+def is_forgotten(store: dist.Store, generation: int) -> bool:
+    """The generation was decided long ago and its keys are gone: nobody may wait for it."""
+    return get_or_none(store, keys.record(generation)) == keys.FORGOTTEN.encode()
+
+
+def advance_current(store: dist.Store, generation: int) -> None:
+    """Move the `gen/current` hint forward to `generation`; never back (a paused writer may be late)."""
+    while True:
+        raw = get_or_none(store, keys.CURRENT)
+        seen = raw.decode() if raw else ""
+        if int(seen or 0) >= generation:
+            return
+        if store.compare_set(keys.CURRENT, seen, str(generation)).decode() == str(generation):
+            return
 
 
 def read_joins(store: dist.Store, generation: int) -> list[JoinRequest]:
@@ -160,6 +192,7 @@ class LeaderDuty:
                 if self._claim is None:
                     self._try_acquire(facts)
                 if self._claim is not None and self._still_leader():
+                    pausepoints.reached(pausepoints.LEADER_CHECKED)
                     self._lead_once(read_at, facts)
                 else:
                     self._stop.wait(self._timing.tick)
@@ -216,10 +249,10 @@ class LeaderDuty:
         if not closed:
             return set()
         asked = self._probe.ask(record.generation)
-        unanswered = time.monotonic() - asked >= self._timing.probe_grace
+        answered_by = asked + self._timing.probe_grace  # a read after this that shows no beat: no answer
         return {m for m in record.members if m not in joined and m not in leaving
                 and (self._observer.silent_for(f"hb/{m}") >= self._timing.evidence_silence
-                     or (unanswered and self._observer.silent_since(f"hb/{m}", asked)))}
+                     or self._observer.silent_since(f"hb/{m}", asked, answered_by))}
 
     def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
         self._claim = claim
@@ -269,8 +302,9 @@ class LeaderDuty:
                 continue
             reason = "hung" if member in hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
             if (member, inc) not in self._fenced and not fact.is_gone(inc):
-                # Its launcher kills it: a hung peer then fails the collectives at once.
-                self._store.set(keys.fence(member), str(inc))
+                # Its launcher kills it: a hung peer then fails the collectives at once. The term lets
+                # the launcher ignore a fence of a leader deposed before it could see the kill through.
+                self._store.set(keys.fence(member), f"{self._claim.term if self._claim else 0}:{inc}")
                 self._fenced.add((member, inc))
                 self._log.warning("rank_fenced", slot=member, incarnation=inc, reason=reason)
             self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
@@ -381,10 +415,13 @@ class LeaderDuty:
 
     def _write(self, record: GenerationRecord, partial: bool = False) -> bool:
         text = record.to_json()
+        if not self._still_leader():
+            return True  # deposed while deciding: the new leader decides
+        pausepoints.reached(pausepoints.LEADER_BEFORE_RECORD)
         won = self._store.compare_set(keys.record(record.generation), "", text).decode() == text
         if not won:
-            return True  # another leader decided first; its record stands
-        self._store.set(keys.CURRENT, str(record.generation))
+            return True  # another leader decided first (or the generation is long forgotten); its record stands
+        advance_current(self._store, record.generation)
         if record.failed:
             self._log.error("generation_failed", generation=record.generation, reason=record.failed)
         else:
@@ -397,11 +434,13 @@ class LeaderDuty:
         return True
 
     def _forget(self, generation: int) -> None:
-        """Delete an old generation's keys, so a long job does not grow the store forever."""
+        """Delete an old generation's keys, so a long job does not grow the store forever; its record
+        becomes a tombstone, so it can never be written again (see the module docstring)."""
         if generation < 1:
             return
         count = read_int(self._store, keys.join_count(generation))
-        for key in (keys.record(generation), keys.joiners(generation), keys.join_count(generation),
+        self._store.set(keys.record(generation), keys.FORGOTTEN)
+        for key in (keys.joiners(generation), keys.join_count(generation),
                     keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
                     keys.finished(generation), *(keys.join_signal(generation, n) for n in range(1, count + 1))):
             self._store.delete_key(key)

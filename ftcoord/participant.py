@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.distributed as dist
 
 from ftcoord import keys
@@ -14,16 +16,19 @@ from ftcoord.leader import LeaderDuty
 from ftcoord.log import get_logger
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.record import GenerationRecord
-from ftcoord.slots import register
+from ftcoord.slots import register, superseded
 from ftcoord.store import connect, job_store
+from ftcoord.watchdog import HelperWatch, exit_process
 
 
 class Participant:
-    """Connects to the store, takes an incarnation of a slot and runs three threads.
+    """Connects to the store, takes an incarnation of a slot and runs four threads.
 
     Threads (each with its own store client, since a blocked `wait` holds a client):
-    the heartbeat, the leader duty (elect, watch liveness, decide records) and the
-    interrupt monitor. The caller's thread joins generations and reads `interrupted`.
+    the heartbeat, the leader duty (elect, watch liveness, decide records), the
+    interrupt monitor and the helper watch (ftcoord.watchdog: the process ends when one of the
+    others died or this incarnation was superseded). The caller's thread joins generations and
+    reads `interrupted`.
     """
 
     def __init__(
@@ -34,7 +39,10 @@ class Participant:
         policy: QuorumPolicy,
         timing: Timing | None = None,
         progress_timeout: float | None = None,
+        on_helper_failure: Callable[[str], None] = exit_process,
     ) -> None:
+        """`on_helper_failure(reason)`: what to do when a helper thread died or this incarnation was
+        superseded (ftcoord.watchdog); by default the process ends and its launcher replaces it."""
         if slot < 0:
             raise FtcoordError(f"slot {slot} must be >= 0")
         self.address = StoreAddress.parse(store) if isinstance(store, str) else store
@@ -45,6 +53,7 @@ class Participant:
         self.progress_timeout = progress_timeout
         self.incarnation = 0
         self.record: GenerationRecord | None = None
+        self._on_helper_failure = on_helper_failure
         self._base: dist.TCPStore | None = None
         self._log = get_logger(component="participant", slot=slot)
 
@@ -62,6 +71,13 @@ class Participant:
         self.leader.start()
         self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation)
         self.monitor.start()
+        watch_store = self._clone()
+        self.watch = HelperWatch(
+            self.slot, self.timing.heartbeat_interval,
+            {"heartbeat": lambda: self.heartbeat.failed, "leader duty": lambda: self.leader.failed,
+             "interrupt monitor": lambda: self.monitor.failed},
+            lambda: superseded(watch_store, self.slot, self.incarnation), self._on_helper_failure)
+        self.watch.start()
         self._log.info("participant_started", job_id=self.job_id, store=str(self.address))
         return self
 
@@ -109,6 +125,7 @@ class Participant:
 
     def close(self, leaving: bool = True) -> None:
         """Stop the threads, hand leadership over and say this incarnation left on purpose."""
+        self.watch.stop()
         self.monitor.stop()
         self.leader.stop(release=True)
         self.heartbeat.stop()

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
-from ftcoord.store import get_or_none
+from ftcoord.store import get_or_none, read_int
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
 _ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
@@ -26,6 +26,15 @@ def register(store: dist.Store, slot: int) -> int:
     if slot not in registered_slots(store):
         store.append(keys.SLOTS, f"{slot},")
     return incarnation
+
+
+def superseded(store: dist.Store, slot: int, incarnation: int) -> str | None:
+    """Why `incarnation` of `slot` must not take part any more (a newer one registered), or None."""
+    newest = read_int(store, keys.incarnation(slot))
+    if newest <= incarnation:
+        return None
+    return (f"incarnation {incarnation} of slot {slot} was superseded by incarnation {newest} (this process was "
+            f"paused or cut off long enough to be replaced)")
 
 
 def registered_slots(store: dist.Store) -> list[int]:

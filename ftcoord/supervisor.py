@@ -21,6 +21,7 @@ import torch.distributed as dist
 from ftcoord import env, keys, scratch
 from ftcoord.heartbeat import mark_dead
 from ftcoord.launch_config import LaunchConfig
+from ftcoord.leader import LeaderClaim
 from ftcoord.log import get_logger
 from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
 from ftcoord.store import get_or_none, read_int
@@ -50,6 +51,8 @@ class SlotProcess:
     from_standby: bool = False
     finished: bool = False
     fence_killed: bool = False
+    fence_ignored: bytes = b""
+    """A fence of a deposed leader's term, not carried out (see Supervisor._fence)."""
     replacing: int = 0
     """The incarnation announced as on its way (keys.replacing) until it registers; 0 when none."""
     replacing_beat: int = 0
@@ -351,8 +354,18 @@ class Supervisor:
         if not running:
             return
         values = self.store.multi_get([keys.fence(s.slot) for s in running])
+        term: int | None = None
         for slot, value in zip(running, values, strict=True):
-            if int(value or 0) < slot.incarnation or slot.fence_killed:
+            fenced_term, _, incarnation = value.decode().rpartition(":")
+            if int(incarnation or 0) < slot.incarnation or slot.fence_killed or value == slot.fence_ignored:
+                continue
+            # A fence of a leader deposed since (it paused after its judgement, say) is not carried out:
+            # the leader of the newest term judges again.
+            term = term if term is not None else LeaderClaim.parse(get_or_none(self.store, keys.LEADER) or b"0").term
+            if int(fenced_term or 0) < term:
+                self._log.warning("fence_ignored", slot=slot.slot, incarnation=slot.incarnation,
+                                  fence_term=int(fenced_term or 0), leader_term=term)
+                slot.fence_ignored = value  # said once; a newer leader's fence for it is carried out
                 continue
             assert slot.process is not None
             self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from ftcoord import env, log
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.errors import FatalError, FtcoordError, JobFinished
+from ftcoord.errors import FatalError, FtcoordError, JobFinished, Superseded
 
 if TYPE_CHECKING:
     from ftcoord.participant import Participant
@@ -154,6 +154,7 @@ class Wrapper:
         Raises:
             RestartsExhausted: more than max_restarts in-process restarts.
             QuorumTimeout: too few processes to form a generation.
+            Superseded: this process was replaced while it was paused; it must exit.
         """
         from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
 
@@ -169,6 +170,7 @@ class Wrapper:
         restore_signal = self._install_sigterm(participant)
         pg_store = participant.clone_store()
         restarts, own_failures, step = 0, 0, -1
+        leaving = True
         try:
             while True:
                 try:
@@ -176,6 +178,10 @@ class Wrapper:
                 except JobFinished:
                     logger.info("spare_exit", reason="job finished without needing this process")
                     return None
+                except Superseded as exc:  # a newer incarnation holds the slot: nothing of ours may be written
+                    logger.error("superseded_exit", reason=str(exc))
+                    leaving = False
+                    raise
                 call = CallWrapper(participant, record, restarts, pg_store, self.pg_timeout)
                 call.step = step
                 logger.info("function_started", generation=record.generation, rank=call.rank,
@@ -229,7 +235,7 @@ class Wrapper:
                 del cause
         finally:
             restore_signal()
-            participant.close()
+            participant.close(leaving=leaving)
 
     def _install_sigterm(self, participant: Participant) -> Callable[[], None]:
         """SIGTERM asks the whole job to stop at a step boundary (see CallWrapper.should_stop)."""

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ftcoord import arguments, env, log
-from ftcoord.errors import ConfigError, FatalError, FtcoordError
+from ftcoord.errors import ConfigError, FatalError, FtcoordError, Superseded
 from ftcoord.wrapper import Wrapper
 from training.checkpoint import atomic
 from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, DatasetSpec, TrainConfig, check_dataset_holds_a_batch
@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     except FatalError as exc:
         print(f"python -m training: {exc}", file=sys.stderr)
         return 4
+    except Superseded as exc:  # paused long enough to be replaced: the replacement carries on
+        print(f"python -m training: {exc}", file=sys.stderr)
+        return 1
     finally:
         trainer.close(finished=result == "done")
     return 0

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ftcoord import StoreServer
+from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord.leader import LeaderClaim
+from ftcoord.store import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
 
@@ -73,6 +75,32 @@ def test_hung_rank_is_fenced_by_its_launcher_before_the_gloo_timeout(
     fenced = run.logs("rank_fenced_killed")
     assert [e["pid"] for e in fenced] == [victim]
     run.assert_correct(200)
+
+
+def test_a_fence_of_a_deposed_leader_term_is_not_carried_out(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """A leader that woke from a pause after a newer term took over may still write a fence: its
+    launcher must not kill a healthy rank on it. The current term's fence is carried out."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "400", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        store = job_store(connect(store_server.address), job_id)
+        term = LeaderClaim.parse(store.get(keys.LEADER)).term
+        victim, incarnation = run.pid_of(1), read_int(store, keys.incarnation(1))
+        store.set(keys.fence(1), f"{term - 1}:{incarnation}")
+        wait_until(lambda: run.logs("fence_ignored"), 5, "the launcher to ignore the deposed term's fence")
+        time.sleep(0.3)
+        assert Path(f"/proc/{victim}").exists(), "a healthy rank was killed on a deposed leader's fence"
+        store.set(keys.fence(1), f"{term}:{incarnation}")
+        wait_until(lambda: [e for e in run.logs("rank_fenced_killed") if e["pid"] == victim], 5,
+                   "the launcher to carry out the current term's fence")
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    run.assert_correct(400)
 
 
 def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:

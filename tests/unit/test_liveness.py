@@ -23,10 +23,26 @@ def test_fresh_observer_waits_a_full_timeout_before_calling_anyone_dead() -> Non
     observer = LivenessObserver(timeout=5.0, clock=clock)
     observer.observe("hb/1", 42)  # a counter that never changes again
     clock.now += 4.9
+    observer.observe("hb/1", 42)
     assert not observer.is_stale("hb/1")
-    assert not observer.is_stale("hb/never-seen")
+    assert not observer.is_stale("hb/never-seen")  # never read: no evidence either way
     clock.now += 0.2
-    assert observer.is_stale("hb/1") and observer.is_stale("hb/never-seen")
+    observer.observe("hb/1", 42)
+    assert observer.is_stale("hb/1")
+
+
+def test_silence_is_only_what_was_observed_so_a_paused_observer_kills_nobody() -> None:
+    """The observer read every counter, then was paused (SIGSTOP, a GC) before judging: the pause is not
+    silence of the others. Its next read decides."""
+    clock = FakeClock()
+    observer = LivenessObserver(timeout=1.0, clock=clock)
+    for _ in range(5):
+        clock.now += 0.1
+        observer.observe("hb/0", clock.now)  # beating
+    clock.now += 30.0  # paused here, between a read and the judgement
+    assert not observer.is_stale("hb/0")
+    observer.observe("hb/0", clock.now)  # it kept beating meanwhile
+    assert not observer.is_stale("hb/0")
 
 
 def test_a_changing_counter_stays_alive_whatever_its_values() -> None:
@@ -56,9 +72,12 @@ def test_silence_since_a_question_counts_only_for_an_observer_that_watched_befor
     asked = clock.now
     clock.now += 0.1
     observer.observe("hb/1", 2)  # answered
-    assert observer.silent_since("hb/0", asked) and not observer.silent_since("hb/1", asked)
+    assert not observer.silent_since("hb/0", asked, asked + 0.1)  # not read again since the question
+    observer.observe("hb/0", 1)
+    assert observer.silent_since("hb/0", asked, asked + 0.1) and not observer.silent_since("hb/1", asked, asked)
+    assert not observer.silent_since("hb/0", asked, asked + 0.5)  # the grace is not over at the last read
     observer.reset()  # this observer was paused: it knows nothing about the time of the question
-    assert not observer.silent_since("hb/0", asked)
+    assert not observer.silent_since("hb/0", asked, asked)
 
 
 def test_a_heartbeat_thread_answers_a_probe_at_once_whatever_its_interval(store_server: StoreServer,

@@ -1,0 +1,98 @@
+"""Named points of the protocol where a test can pause a thread or a whole process.
+
+Safety under pauses (SIGSTOP, a cgroup freeze, swapping, a long GC, a debugger) is shown by
+reproducing each interleaving, not by arguing about it. The protocol calls `reached(NAME)` at
+the points where a pause is dangerous; unarmed (the normal case) that is one test of a
+module-level boolean.
+
+Two ways to arm a point:
+- a process: `FTCOORD_PAUSE_AT=NAME[,NAME...]` in its environment. The process SIGSTOPs itself
+  the first time it reaches each named point (a real stop: every thread halts, as under a
+  cgroup freeze) after appending `NAME pid` to `FTCOORD_PAUSE_MARKERS` (a file) when set;
+  the test continues it with SIGCONT.
+- a thread, in-process (unit tests with threads against a real store): `hold(NAME)` returns a
+  Gate; the first thread to reach NAME blocks there until `gate.release()`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+
+PAUSE_AT_ENV = "FTCOORD_PAUSE_AT"
+MARKERS_ENV = "FTCOORD_PAUSE_MARKERS"
+
+# The points (each is named where it is reached).
+LEADER_CHECKED = "leader.after_leadership_check"
+"""The leader confirmed its claim and read what it decides on; its writes come next."""
+LEADER_BEFORE_RECORD = "leader.before_record_write"
+"""The leader computed a record and is about to write it."""
+JOIN_ANNOUNCED = "join.announced"
+"""A process announced itself for a generation and is about to wait for its record."""
+POINTS = (LEADER_CHECKED, LEADER_BEFORE_RECORD, JOIN_ANNOUNCED)
+
+
+@dataclass
+class Gate:
+    """A thread-level pause at a named point: the first thread to reach it waits for `release()`."""
+
+    name: str
+    reached: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+    thread: str | None = None
+
+    def wait_reached(self, timeout: float) -> bool:
+        return self.reached.wait(timeout)
+
+    def release(self) -> None:
+        self.released.set()
+        _gates.pop(self.name, None)
+        _rearm()
+
+
+_process_points = {p.strip() for p in os.environ.get(PAUSE_AT_ENV, "").split(",") if p.strip()}
+_gates: dict[str, Gate] = {}
+_armed = bool(_process_points)
+_lock = threading.Lock()
+
+
+def _rearm() -> None:
+    global _armed
+    _armed = bool(_process_points or _gates)
+
+
+def hold(name: str) -> Gate:
+    """Arm `name` for the next thread that reaches it (see the module docstring)."""
+    if name not in POINTS:
+        raise ValueError(f"unknown pause point {name!r}; known: {', '.join(POINTS)}")
+    gate = Gate(name)
+    _gates[name] = gate
+    _rearm()
+    return gate
+
+
+def reached(name: str) -> None:
+    """Called by the protocol at the point `name`: pauses here when a test armed it."""
+    if not _armed:
+        return
+    with _lock:
+        gate = _gates.get(name)
+        if gate is not None and gate.reached.is_set():
+            gate = None  # only the first thread pauses
+        if gate is not None:
+            gate.thread = threading.current_thread().name
+            gate.reached.set()
+        stop_process = name in _process_points
+        if stop_process:
+            _process_points.discard(name)
+            _rearm()
+    if gate is not None:
+        gate.released.wait()
+    if stop_process:
+        markers = os.environ.get(MARKERS_ENV)
+        if markers:
+            with open(markers, "a") as out:
+                out.write(f"{name} {os.getpid()}\n")
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -1,0 +1,160 @@
+"""Safety under pauses, each interleaving reproduced with a pause point (ftcoord.pausepoints): participants
+in threads against a real store; a paused *process* is a paused thread whose heartbeat also stopped."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
+from ftcoord.errors import Superseded
+from ftcoord.leader import LeaderDuty, advance_current, read_record
+from ftcoord.store import get_or_none
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.3, barrier_timeout=10.0)
+
+
+@pytest.fixture
+def participants() -> Iterator[list[Participant]]:
+    started: list[Participant] = []
+    yield started
+    for gate in list(pausepoints._gates.values()):
+        gate.release()
+    for p in started:
+        p.close()
+
+
+def start(started: list[Participant], address: str, job_id: str, slot: int, policy: QuorumPolicy,
+          **kwargs: object) -> Participant:
+    """A participant whose helper watch reports to `p.ended` instead of ending the test's process."""
+    ended: list[str] = []
+    kwargs.setdefault("on_helper_failure", ended.append)
+    p = Participant(address, job_id, slot, policy, FAST, **kwargs).start()  # type: ignore[arg-type]
+    p.ended = ended  # type: ignore[attr-defined]
+    started.append(p)
+    return p
+
+
+def current(p: Participant) -> int:
+    return int(get_or_none(p.store, keys.CURRENT) or 0)
+
+
+def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_generation(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    policy = QuorumPolicy(2)
+    stale = start(participants, store_server.address, job_id, 0, policy)
+    wait_until(lambda: stale.leader.is_leader, 5, "slot 0 to lead")
+    other = start(participants, store_server.address, job_id, 1, policy)
+    assert other.join(0).members == (1,)  # slot 0 never joins: a partial generation after join_timeout
+
+    gate = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    other.interrupt("test")
+    joined = threading.Thread(target=other.join, args=(0,), daemon=True)
+    joined.start()
+    assert gate.wait_reached(5), "the leader never came to write generation 2"
+    stale.heartbeat.stop()  # the whole process is paused now: the other takes over after heartbeat_timeout
+    joined.join(10)
+    assert other.generation == 2 and other.leader.is_leader
+    while other.generation < 2 + LeaderDuty.KEEP_GENERATIONS + 1:  # generation 2 decided, then forgotten
+        other.interrupt("test")
+        other.join(0)
+    newest = current(other)
+
+    gate.release()  # the paused leader wakes with its proposal for generation 2
+    wait_until(lambda: not stale.leader.is_leader, 5, "the paused leader to notice it was deposed")
+    assert read_record(other.store, 2) is None, "a forgotten generation's record was written again"
+    assert current(other) >= newest, f"gen/current moved back from {newest} to {current(other)}"
+
+
+def test_a_leader_paused_after_its_leadership_check_fences_and_interrupts_nobody(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    policy = QuorumPolicy(2)
+    leader = start(participants, store_server.address, job_id, 0, policy, progress_timeout=0.5)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    member = start(participants, store_server.address, job_id, 1, policy)
+    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in (leader, member)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert leader.generation == member.generation == 1
+
+    stop_pinging = threading.Event()
+
+    def train() -> None:  # both make progress, as healthy ranks do
+        while not stop_pinging.is_set():
+            leader.heartbeat.ping()
+            member.heartbeat.ping()
+            time.sleep(0.02)
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    gate = pausepoints.hold(pausepoints.LEADER_CHECKED)
+    assert gate.wait_reached(5)
+    time.sleep(2 * FAST.heartbeat_timeout)  # the duty thread is paused (a long GC); everyone else is healthy
+    gate.release()
+    time.sleep(4 * FAST.heartbeat_interval)  # it looks at its (old) observations and decides
+    stop_pinging.set()
+    fence = get_or_none(member.store, keys.fence(1))
+    assert fence is None or fence.decode() in ("", "0"), f"a healthy rank was fenced: {fence!r}"
+    assert not member.generations.is_interrupted(1), get_or_none(member.store, keys.interrupt(1))
+
+
+def test_a_superseded_incarnation_exits_instead_of_interrupting_every_generation(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    policy = QuorumPolicy(2)
+    ghost = start(participants, store_server.address, job_id, 0, policy)
+    # The ghost's process was paused; its launcher gave up on it and started a new incarnation of slot 0.
+    ghost.heartbeat.stop()
+    fresh = start(participants, store_server.address, job_id, 0, policy)
+    other = start(participants, store_server.address, job_id, 1, policy)
+    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in (fresh, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert fresh.generation == other.generation == 1
+    assert (fresh.incarnation, ghost.incarnation) == (2, 1)
+
+    with pytest.raises(Superseded, match="incarnation 1 of slot 0"):
+        ghost.join(0)  # the ghost wakes and tries to take part again
+    assert not other.generations.is_interrupted(1), get_or_none(other.store, keys.interrupt(1))
+    # Wherever its threads are, its helper watch ends the ghost's process (by default: exit, so a
+    # launcher would replace it); the others go on.
+    wait_until(lambda: ghost.ended, 3, "the ghost's helper watch to end it")  # type: ignore[attr-defined]
+    assert "superseded by incarnation 2" in ghost.ended[0]  # type: ignore[attr-defined]
+    assert not fresh.ended and not other.ended  # type: ignore[attr-defined]
+
+
+def test_gen_current_only_moves_forward(store_server: StoreServer, job_id: str) -> None:
+    store = job_store(connect(store_server.address), job_id)
+    advance_current(store, 7)
+    advance_current(store, 3)  # a writer that paused and is late
+    assert get_or_none(store, keys.CURRENT) == b"7"
+    advance_current(store, 9)
+    assert get_or_none(store, keys.CURRENT) == b"9"
+
+
+def test_a_dead_leader_duty_thread_ends_its_process(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    p = start(participants, store_server.address, job_id, 0, QuorumPolicy(1))
+    died = p.ended  # type: ignore[attr-defined]
+    wait_until(lambda: p.leader.is_leader, 5, "slot 0 to lead")
+
+    class Broken:
+        def __getattr__(self, name: str) -> object:
+            raise RuntimeError("store connection lost")
+
+    p.leader._store = Broken()  # type: ignore[assignment]
+    wait_until(lambda: died, 3, "the participant to notice its leader duty thread died")
+    assert "leader" in died[0] and "store connection lost" in died[0]
