@@ -8,11 +8,17 @@ read from the run's own ledger after the moment the fault was injected:
 |---------------------------------------------------|---------------------------------------------------|
 | kill, kill-boundary, kill-midstep, kill-midreduce, | a newer generation commits a step                 |
 | kill-leader, kill-follower,                       |                                                   |
-| hang, early-restart, lose, raise, raise-midstep   |                                                   |
+| hang, early-restart, lose, raise, raise-midstep,  |                                                   |
+| stuck                                             |                                                   |
+| pause, pause-leader (any role)                    | the job trains on: a step is committed after it   |
 | replace                                           | a step is committed at the job's full world size  |
 | preempt                                           | the job stops at a step boundary, then resumes    |
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
 | slow                                              | nothing (it must not be taken for a death)        |
+
+A pause may be shorter than the heartbeat timeout (ridden through: nobody restarts) or longer (the
+paused member is fenced and replaced, a paused spare is simply late): either way the job must commit
+steps after it, and the verdict holds it to exactly-once and the model check as always.
 
 A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
 launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r.
@@ -29,6 +35,7 @@ FULL_SIZE = "a step is committed at the full world size"
 STOP_AND_RESUME = "the job stops at a step boundary, then resumes"
 RESUME_FROM_CHECKPOINT = "the relaunched job resumes from a checkpoint"
 NOTHING = "nothing: the job trains on (a slow rank is not a fault)"
+TRAINS_ON = "the job trains on: a step is committed after it"
 SPARE_REPLACED = "its launcher replaces the hot spare it hit"
 
 EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midstep": NEW_GENERATION,
@@ -36,7 +43,8 @@ EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midste
            "raise": NEW_GENERATION, "raise-midstep": NEW_GENERATION,
            "kill-leader": NEW_GENERATION, "hang": NEW_GENERATION, "early-restart": NEW_GENERATION,
            "lose": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
-           "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING}
+           "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING, "stuck": NEW_GENERATION,
+           "pause": TRAINS_ON, "pause-leader": TRAINS_ON}
 
 
 def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -57,7 +65,9 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
         if not event.get("fired", True):
             problems.append(f"planned fault {name} did not reach a live process: {event.get('note') or 'no target'}")
             continue
-        effect = EFFECTS[planned.kind] if event.get("member") is not False else SPARE_REPLACED
+        effect = EFFECTS[planned.kind]
+        if event.get("member") is False and effect != TRAINS_ON:
+            effect = SPARE_REPLACED
         if effect == SPARE_REPLACED:
             if not any(e["slot"] == event["slot"] and e["mono"] > event["mono"] for e in started):
                 problems.append(f"planned fault {name} hit slot {event['slot']}, a hot spare, and {effect} never "
@@ -80,6 +90,8 @@ def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]
         return bool(stops) and any(r["mono"] > min(stops) for r in later_steps)
     if effect == NOTHING:
         return True
+    if effect == TRAINS_ON:
+        return any(r["kind"] == "step" and r["mono"] > at for r in records)
     if effect == RESUME_FROM_CHECKPOINT:
         return any(r["kind"] == "generation" and r["mono"] > at and r.get("loaded_from") for r in records)
     raise ValueError(f"unknown effect {effect!r}")

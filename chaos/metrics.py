@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from chaos.scenario import STOP_KINDS
+
 
 def read_logs(directory: Path, events: tuple[str, ...]) -> list[dict[str, Any]]:
     """structlog JSON lines of the given event names (every process of the run)."""
@@ -51,16 +53,22 @@ def goodput(records: list[dict[str, Any]], steps: int) -> float:
 def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], logs: Path,
                   target_world_size: int) -> list[dict[str, Any]]:
     """Per fault: detection (→ generation interrupted) and recovery (→ next committed step
-    in a newer generation; and back at the target world size)."""
+    in a newer generation; and back at the target world size).
+
+    A detection belongs to a fault only when it came before the next fault of a later step (faults of
+    one step are one incident): a pause ridden through has neither detection nor recovery."""
     interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
     for fault in faults:
         t0, gen = fault["mono"], fault["generation"]
-        detect = next((e["mono"] - t0 for e in interrupts if e["mono"] >= t0), None)
+        until = min((f["mono"] for f in faults if f["mono"] > t0 and f["step"] > fault["step"]), default=math.inf)
+        detect = next((e["mono"] - t0 for e in interrupts if t0 <= e["mono"] < until), None)
         recover = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen), None)
         full = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen
                      and r["world_size"] == target_world_size), None)
+        if detect is None and fault["kind"] in STOP_KINDS:  # a pause ridden through: nothing to recover from
+            recover = full = None
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),
                       "note": fault.get("note", "")})

@@ -16,8 +16,9 @@ from typing import Any
 from chaos.inject import marker_name
 from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
-from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, Fault, Scenario
+from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STOP_KINDS, Fault, Scenario
 from ftcoord import StoreServer, connect, job_store
+from ftcoord.launch_config import spare_slot
 from ftcoord.log import get_logger
 from ftcoord.store import get_or_none
 
@@ -192,29 +193,31 @@ class ChaosRunner:
     def _inject(self, index: int, fault: Fault, tail: LedgerTail, launchers: Launchers, give_up: bool) -> bool:
         """Inject one outside fault; False when its target has no live process (yet)."""
         kind = fault.kind
-        if kind in ("kill", "early-restart", "hang", "kill-leader", "kill-follower"):
+        if kind in ("kill", "early-restart", "kill-leader", "kill-follower", *STOP_KINDS):
             slot: int | None = fault.slot
-            if kind in ("kill-leader", "kill-follower"):
+            if kind in ("kill-leader", "kill-follower", "pause-leader"):
                 holder = get_or_none(self.store, "leader")
                 parts = holder.decode().split(":") if holder else []
                 leader = int(parts[1]) if len(parts) == 3 else None
                 members = tail.members_of[max(tail.members_of)] if tail.members_of else []
-                slot = leader if kind == "kill-leader" else next((m for m in members if m != leader), None)
+                slot = leader if kind != "kill-follower" else next((m for m in members if m != leader), None)
             elif fault.rank is not None:
                 slot = tail.slot_of_rank(fault.rank)
+            elif fault.slot >= self.scenario.job.nproc:  # the scenario's slots nproc.. are node 0's hot spares
+                slot = spare_slot(self.scenario.job.node_slots[0][0], fault.slot - self.scenario.job.nproc)
             pid = tail.pid_of_slot.get(slot) if slot is not None else None
-            signum = signal.SIGSTOP if kind == "hang" else signal.SIGKILL
+            signum = signal.SIGSTOP if kind in STOP_KINDS else signal.SIGKILL
             if not _signal(pid, signum):
                 if give_up:
                     why = (f"slot {slot} had no live process (pid {pid})" if slot is not None else
-                           "no process led" if kind == "kill-leader" else
+                           "no process led" if kind in ("kill-leader", "pause-leader") else
                            "no member but the leader" if kind == "kill-follower" else
                            f"no process held rank {fault.rank}")
                     self._record(index, fault, tail, pid, note=f"{why} for {FIRE_RETRY_S:.0f}s", fired=False,
                                  slot=slot)
                 return False
             self._record(index, fault, tail, pid, slot=slot)
-            if kind == "hang":
+            if kind in STOP_KINDS:
                 self._pending_conts.append((time.monotonic() + fault.duration, pid))
         elif kind == "preempt":
             if not launchers.running():

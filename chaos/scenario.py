@@ -11,6 +11,9 @@
     slot = 1
     step = 40
 
+A fault's `slot` is 0..nproc-1 for the workers and nproc.. for the hot spares (`spares` of them, on
+the first node); `rank = r` aims at whoever trains as rank r when the fault fires.
+
 Every error names the key, the value and what is allowed.
 """
 
@@ -30,20 +33,29 @@ from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, TrainConfig
 BUNDLED = Path(__file__).parent / "scenarios"
 
 # Injected by the rank itself through the training hook (boundary-safe, exact step).
-IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "raise-midstep", "slow")
-# Sent by the runner from outside, as real faults arrive.
-OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "preempt", "ckpt-crash", "lose", "replace",
-                 "early-restart")
+# stuck: the training thread stops making progress while its heartbeat thread runs (caught by the
+# progress timeout and the culprit rule, ftcoord.leader).
+IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "raise-midstep", "slow", "stuck")
+# Sent by the runner from outside, as real faults arrive. pause: SIGSTOP a process (a member or a spare)
+# and SIGCONT it `duration` s later, as a cgroup freeze, swapping or a debugger would; pause-leader: the
+# same for whoever leads at that step; hang: a pause meant to outlast the heartbeat timeout.
+OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
+                 "lose", "replace", "early-restart")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
-RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep")
+RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
+                "pause-leader", "stuck")
 # Kinds that may aim at a rank ("whoever holds rank r at that step") instead of a slot.
-RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "kill", "hang", "early-restart", "raise",
-              "raise-midstep", "slow")
+RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "kill", "hang", "pause", "early-restart", "raise",
+              "raise-midstep", "slow", "stuck")
+# Kinds that pick their own target (the leader, a follower, every process).
+SELF_AIMED_KINDS = ("kill-leader", "kill-follower", "pause-leader", "preempt")
+STOP_KINDS = ("hang", "pause", "pause-leader")
+"""SIGSTOP now, SIGCONT after the fault's duration."""
 # In-rank faults: what the training hook does, and where in the step.
 IN_RANK_ACTIONS = {"kill-boundary": ("exit", "at_boundary"), "kill-midstep": ("exit", "after_backward"),
                    "kill-midreduce": ("exit", "mid_reduction"),
                    "raise": ("raise", "at_boundary"), "raise-midstep": ("raise", "after_backward"),
-                   "slow": ("sleep", "at_boundary")}
+                   "slow": ("sleep", "at_boundary"), "stuck": ("stall", "at_boundary")}
 
 
 class ScenarioError(FatalError, ValueError):
@@ -182,13 +194,13 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
             raise ScenarioError(f"{where}: give slot or rank, not both")
         if not isinstance(fault.rank, int) or not 0 <= fault.rank < job.nproc:
             raise ScenarioError(f"{where}: rank = {fault.rank!r} is beyond the job (ranks 0..{job.nproc - 1})")
-    if not 0 <= fault.slot < slots and fault.kind not in ("kill-leader", "kill-follower", "preempt"):
+    if not 0 <= fault.slot < slots and fault.kind not in SELF_AIMED_KINDS:
         raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
     if not 0 <= fault.step < job.steps:
         raise ScenarioError(f"{where}: step = {fault.step} is beyond the run (steps 0..{job.steps - 1})")
-    if fault.kind in ("hang", "slow") and fault.duration <= 0:
-        raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the rank stays "
-                            f"{'stopped' if fault.kind == 'hang' else 'busy with one step'})")
+    if fault.kind in (*STOP_KINDS, "slow") and fault.duration <= 0:
+        raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the process stays "
+                            f"{'busy with one step' if fault.kind == 'slow' else 'stopped'})")
     if fault.kind in ("lose", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
     if fault.kind == "kill-midreduce" and job.grad_reduction != "fixed":
@@ -208,7 +220,9 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         if step >= job.steps - margin:
             return tuple(faults)
         kind = rng.choice(RANDOM_KINDS)
-        duration = 3 * job.heartbeat_timeout if kind == "hang" else 0.0
+        # A pause shorter than the heartbeat timeout is ridden through; a longer one is a hang.
+        duration = (3 * job.heartbeat_timeout if kind == "hang" else
+                    rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
         target = rng.randrange(job.nproc)  # a rank: spares and replacements cannot make it miss
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))

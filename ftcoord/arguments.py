@@ -55,11 +55,29 @@ def non_negative_int(text: str) -> int:
     return int(_number(int, 0, None, "")(text))
 
 
+def int_range(low: int, high: int) -> Callable[[str], int]:
+    """An integer between `low` and `high`, both included."""
+    parse = _number(int, low, high, "")
+
+    def checked(text: str) -> int:
+        return int(parse(text))
+
+    checked.__name__ = "int"
+    return checked
+
+
 def positive_float(text: str) -> float:
     value = float(_number(float, None, None, "")(text))
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} must be > 0")
     return value
+
+
+def seconds_or_off(text: str) -> float:
+    """A positive number of seconds, or "off" (math.inf: never)."""
+    if text.strip().lower() == "off":
+        return math.inf
+    return positive_float(text)
 
 
 def non_negative_float(text: str) -> float:

@@ -66,6 +66,14 @@ class Timing:
         return min(0.25, self.evidence_silence)
 
     @property
+    def default_progress_timeout(self) -> float:
+        """A member whose training thread made no progress (no step, no ping) for this long while its
+        heartbeat thread runs, and that is not waiting on its peers, is stuck: fenced and replaced (the
+        culprit rule, ftcoord.leader). 12 heartbeat timeouts: 60 s at the defaults. A step, a checkpoint
+        save or a first compile that takes longer needs a larger `progress_timeout` (math.inf: never)."""
+        return 12 * self.heartbeat_timeout
+
+    @property
     def tick(self) -> float:
         """How often the leader re-reads liveness when nothing wakes it earlier."""
         return min(self.heartbeat_interval / 2, 0.25)

@@ -18,8 +18,9 @@ from ftcoord import keys
 from ftcoord.log import get_logger
 from ftcoord.store import wait_for_key
 
-# Where a training thread sits while it waits for its peers.
-WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
+# Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a
+# generation, or finished and waiting for the others to finish).
+WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/ftcoord/generation.py")
 
 
 class Heartbeat:

@@ -18,7 +18,7 @@ from dataclasses import fields
 from ftcoord import arguments, log
 from ftcoord.env import DEFAULT_STORE_HOST
 from ftcoord.errors import FtcoordError
-from ftcoord.launch_config import SPARE_SLOT_BASE, LaunchConfig
+from ftcoord.launch_config import MAX_SPARES, SPARE_SLOT_BASE, LaunchConfig
 
 EXIT_FAILED = 1
 
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 the job finished (or stopped cleanly after SIGTERM); 1 a failure; 2 bad "
         "arguments; 3 a slot (or the job) exhausted --max-restarts; 143 children had to be killed after "
         "the grace period. Children get FTCOORD_STORE, FTCOORD_JOB_ID, FTCOORD_SLOT, FTCOORD_WORLD_SIZE "
-        f"and LOCAL_RANK. Spare slots are numbered from {SPARE_SLOT_BASE} + --first-slot.",
+        f"and LOCAL_RANK. Spare slots are numbered from {SPARE_SLOT_BASE} + --first-slot * {MAX_SPARES}.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     where = parser.add_mutually_exclusive_group(required=True)
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-id", required=True, help="names the job; its keys live under ftcoord/<job-id>/")
     parser.add_argument("--nproc", type=arguments.positive_int, default=DEFAULTS["nproc"],
                         help="training processes on this node")
-    parser.add_argument("--spares", type=arguments.non_negative_int, default=DEFAULTS["spares"],
+    parser.add_argument("--spares", type=arguments.int_range(0, MAX_SPARES - 1), default=DEFAULTS["spares"],
                         help="hot spare processes on this node")
     parser.add_argument("--first-slot", type=arguments.non_negative_int, default=DEFAULTS["first_slot"],
                         help="slot of this node's first process (node i of N: i * nproc)")

@@ -33,6 +33,7 @@ judgement in it is corrected by the next generation.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -321,7 +322,7 @@ class LeaderDuty:
         one furthest behind is the culprit; if they are all level, nobody is fenced (a
         collective deadlock: the process-group timeout ends it).
         """
-        if self._progress_timeout is None:
+        if self._progress_timeout is None or math.isinf(self._progress_timeout):
             return set()
         silent = []
         for member, _, fact in members:

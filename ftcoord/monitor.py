@@ -17,6 +17,21 @@ from ftcoord.log import get_logger
 from ftcoord.store import get_or_none, wait_for_key
 
 
+def stale_stop(store: dist.Store) -> bytes | None:
+    """The `stop` request of an earlier run of this job (it was stopped, and has been relaunched), or None.
+
+    A stop that ran its course is followed by `stopped`, the generation in which every member returned
+    through should_stop, which is newer than the generation the stop was asked in. A stop still in
+    progress is not stale: a replacement that starts meanwhile stops with the others.
+    """
+    stop = get_or_none(store, keys.STOP)
+    if stop is None:
+        return None
+    stopped = get_or_none(store, keys.STOPPED)
+    asked_in = int(stop.decode().split(":")[0] or 0)
+    return stop if stopped is not None and int(stopped or 0) > asked_in else None
+
+
 class InterruptMonitor:
     """Watches one generation at a time, on its own store client."""
 
@@ -30,7 +45,7 @@ class InterruptMonitor:
         self._fired = threading.Event()
         self._stop = threading.Event()
         self._local_stop = threading.Event()
-        self._stale_stop = get_or_none(store, keys.STOP)  # a stop of an earlier run of this job
+        self._stale_stop = stale_stop(store)
         self.stop_requested = threading.Event()
         self.reason: str | None = None
         self.failed: BaseException | None = None

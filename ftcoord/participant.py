@@ -41,7 +41,8 @@ class Participant:
         progress_timeout: float | None = None,
         on_helper_failure: Callable[[str], None] = exit_process,
     ) -> None:
-        """`on_helper_failure(reason)`: what to do when a helper thread died or this incarnation was
+        """`progress_timeout`: None takes Timing.default_progress_timeout; math.inf never calls a member stuck.
+        `on_helper_failure(reason)`: what to do when a helper thread died or this incarnation was
         superseded (ftcoord.watchdog); by default the process ends and its launcher replaces it."""
         if slot < 0:
             raise FtcoordError(f"slot {slot} must be >= 0")
@@ -50,7 +51,7 @@ class Participant:
         self.slot = slot
         self.policy = policy
         self.timing = timing or Timing()
-        self.progress_timeout = progress_timeout
+        self.progress_timeout = self.timing.default_progress_timeout if progress_timeout is None else progress_timeout
         self.incarnation = 0
         self.record: GenerationRecord | None = None
         self._on_helper_failure = on_helper_failure

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse, StoreUnavailable
+from ftcoord.reap import wait_killed
 
 DEFAULT_HOST = DEFAULT_STORE_HOST
 DEFAULT_PORT = DEFAULT_STORE_PORT
@@ -103,7 +104,7 @@ class StoreProcess:
         reader.join(timeout)
         if "address" not in ready:
             process.kill()
-            process.wait()
+            wait_killed(process)
             raise StoreUnavailable(
                 f"the store server on {host}:{port} did not start within {timeout:.0f}s "
                 f"(exit code {process.returncode}); run `ftcoord-store --host {host} "
@@ -118,4 +119,4 @@ class StoreProcess:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                wait_killed(self.process)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftcoord.env import die_with_launcher
+from ftcoord.reap import wait_killed
 
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
 NICE_ENV = "FTCOORD_STANDBY_NICE"
@@ -352,7 +353,7 @@ class WarmStandby:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait()
+            wait_killed(self.process)
         os.close(self.reply_fd)
 
 

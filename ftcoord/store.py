@@ -71,9 +71,19 @@ def job_store(store: dist.Store, job_id: str) -> dist.PrefixStore:
     return dist.PrefixStore(f"{KEY_PREFIX}/{check_job_id(job_id)}", store)
 
 
+_ABSENT = "\x00ftcoord:absent\x00"  # never a value of ours
+
+
 def get_or_none(store: dist.Store, key: str) -> bytes | None:
-    """Read a key without blocking: `get` on a missing key waits for it to appear."""
-    return store.get(key) if store.check([key]) else None
+    """Read a key without blocking, in one atomic operation.
+
+    `get` on a missing key waits for it to appear (up to the client's timeout, 300 s), so "check, then
+    get" blocks when the key is deleted in between. compare_set with an expected value no key ever
+    holds changes nothing and answers the current value, or the expected value itself when the key
+    does not exist (a missing key is only created when the expected value is empty).
+    """
+    value = store.compare_set(key, _ABSENT, _ABSENT)
+    return None if value == _ABSENT.encode() else value
 
 
 def read_int(store: dist.Store, key: str) -> int:

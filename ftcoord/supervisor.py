@@ -23,6 +23,7 @@ from ftcoord.heartbeat import mark_dead
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.leader import LeaderClaim
 from ftcoord.log import get_logger
+from ftcoord.reap import wait_killed
 from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
 from ftcoord.store import get_or_none, read_int
 
@@ -338,7 +339,7 @@ class Supervisor:
                 slot.process.kill()
         for slot in self.slots.values():
             if slot.process is not None:
-                slot.process.wait()
+                wait_killed(slot.process)
                 if read_int(self.store, keys.incarnation(slot.slot)) >= slot.incarnation:
                     mark_dead(self.store, slot.slot, slot.incarnation)
                 slot.process = None
@@ -399,6 +400,6 @@ class Supervisor:
                 assert slot.process is not None
                 self._log.error("child_killed_after_grace", slot=slot.slot, pid=slot.process.pid)
                 slot.process.kill()
-                slot.process.wait()
+                wait_killed(slot.process)
             return EXIT_TERMINATED
         return None

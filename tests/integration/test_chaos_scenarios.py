@@ -70,6 +70,26 @@ def test_hang(tmp_path: Path) -> None:
     assert detect is not None and detect < 2.0 + 0.2 + 1.5  # heartbeat timeout + interval + slack
 
 
+def test_pause_in_every_role(tmp_path: Path) -> None:
+    """A paused spare is just late, a leader paused briefly is ridden through (no generation change), a
+    member paused past the heartbeat timeout is fenced and replaced; exactly-once and the model hold."""
+    report = run("pause", tmp_path)
+    spare, leader, member = report["faults"]
+    assert spare["slot"] >= 100_000 and spare["detect_s"] is None and leader["detect_s"] is None, report["faults"]
+    assert member["detect_s"] is not None and report["world_sizes"] == [3], report["faults"]
+    logs = tmp_path / "pause" / "logs"
+    assert len(read_logs(logs, ("rank_fenced_killed",))) == 1  # only the member that outlasted the timeout
+
+
+def test_stuck_training_thread_is_caught_by_the_default_progress_timeout(tmp_path: Path) -> None:
+    """Rank 0's training thread stops (its heartbeat runs on); no progress_timeout is set, the default
+    (12 heartbeat timeouts) and the culprit rule fence it, and only it."""
+    report = run("stuck", tmp_path)
+    declared = read_logs(tmp_path / "stuck" / "logs", ("member_declared_dead",))
+    assert [(e["reason"], e["slot"]) for e in declared] == [("hung", report["faults"][0]["slot"])], declared
+    assert 12 * 2.0 <= report["faults"][0]["detect_s"] < 12 * 2.0 + 3.0, report["faults"]
+
+
 def test_preempt(tmp_path: Path) -> None:
     report = run("preempt", tmp_path)
     assert report["correctness"]["bit_identical"] is True and report["replayed_steps"] == 0

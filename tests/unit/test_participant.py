@@ -66,3 +66,26 @@ def test_leadership_is_handed_over_on_clean_exit(store_server: StoreServer, job_
     # A released claim is taken at the next tick, not after a heartbeat timeout.
     wait_until(lambda: other.leader.is_leader, FAST.heartbeat_timeout * 0.8, "the other to lead")
     other.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_replacement_started_during_a_stop_stops_too(store_server: StoreServer, job_id: str) -> None:
+    ended: list[str] = []  # slot 1's first incarnation is superseded: its helper watch must not end pytest
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST, on_helper_failure=ended.append)
+             .start() for slot in range(2)]
+    try:
+        threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in parts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        parts[0].monitor.request_stop()  # SIGTERM to one rank: the whole job stops at the next boundary
+        wait_until(lambda: parts[1].should_stop, 5, "the stop to reach the other rank")
+        # Slot 1 dies before the job has stopped; its replacement starts now and must stop as well.
+        replacement = Participant(store_server.address, job_id, 1, QuorumPolicy(2), FAST,
+                                  on_helper_failure=ended.append).start()
+        parts.append(replacement)
+        wait_until(lambda: replacement.should_stop, 3, "the replacement to see the stop in progress")
+    finally:
+        for p in parts:
+            p.close()

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
@@ -114,3 +115,33 @@ def test_cli_taken_port_is_a_one_line_error() -> None:
     assert proc.returncode == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == [lines[0]] and f"port {port} on 127.0.0.1 is already in use" in lines[0]
+
+
+def test_get_or_none_never_blocks_on_a_key_deleted_meanwhile(store_server: StoreServer, job_id: str) -> None:
+    """One atomic operation: a key deleted between a check and a get used to block that get for the
+    client's whole timeout (300 s)."""
+    from ftcoord.store import get_or_none
+
+    store = job_store(connect(store_server.address), job_id)
+    store.set_timeout(timedelta(seconds=2))
+    assert get_or_none(store, "absent") is None and not store.check(["absent"])  # and not created
+    store.set("k", "v")
+    assert get_or_none(store, "k") == b"v"
+    store.set("empty", "")
+    assert get_or_none(store, "empty") == b""
+
+    class DeletesAfterCheck:
+        """The interleaving: the key exists when checked and is gone before it is read."""
+
+        def check(self, names: list[str]) -> bool:
+            found = store.check(names)
+            store.delete_key(names[0])
+            return found
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+    store.set("k", "v")
+    started = time.monotonic()
+    value = get_or_none(DeletesAfterCheck(), "k")  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0 and value in (b"v", None)
