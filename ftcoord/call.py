@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ftcoord import evidence, group_sockets, keys
+from ftcoord import evidence, group_sockets, keys, pausepoints
 from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
 from ftcoord.log import get_logger
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
+from ftcoord.store import wait_for_key
 
 
 class GenerationInterrupted(FtcoordError):
@@ -161,6 +163,8 @@ class CallWrapper:
         if self._backend == "nccl":
             device_id = torch.device("cuda", int(os.environ.get(LOCAL_RANK_ENV, "0")))
             torch.cuda.set_device(device_id)
+        pausepoints.reached(pausepoints.BEFORE_RENDEZVOUS)
+        self._meet_members()
         store = dist.PrefixStore(keys.process_group(self.iteration), self._pg_store)
         with group_sockets.opened_by(self._sockets):
             dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
@@ -172,6 +176,26 @@ class CallWrapper:
         self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
                        world_size=self.world_size)
         return self._group
+
+    def _meet_members(self) -> None:
+        """Wait until every member reached the rendezvous, leaving at once when the generation is interrupted.
+
+        torch's rendezvous blocks in C++ until every rank connected or pg_timeout passed: a member that
+        died between the decision and the rendezvous would cost every other member the whole timeout
+        (60 s by default), deaf to the interrupt the leader raised for it. Meeting here first, in slices
+        that look at the interrupt, makes that an ordinary in-process restart.
+        """
+        generation = self.iteration
+        if int(self.store.add(keys.arrived(generation), 1)) >= self.world_size:
+            self.store.set(keys.all_arrived(generation), "1")
+        deadline = time.monotonic() + self._pg_timeout.total_seconds()
+        while not wait_for_key(self.store, keys.all_arrived(generation), 0.05):
+            if self._participant.interrupted:
+                raise GenerationInterrupted(f"generation {generation} was interrupted before every member reached "
+                                            f"its rendezvous ({self._participant.monitor.reason})")
+            if time.monotonic() > deadline:
+                raise GenerationInterrupted(f"not every member of generation {generation} reached its rendezvous "
+                                            f"within pg_timeout={self._pg_timeout.total_seconds():.0f}s")
 
     def process_group(self) -> dist.ProcessGroup:
         """This generation's process group (created on first use, default backend)."""

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from ftcoord import keys, pausepoints
 from ftcoord.config import Timing
+from ftcoord.decisions import current_generation, is_forgotten, read_record
 from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
-from ftcoord.leader import current_generation, is_forgotten, read_record
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import superseded

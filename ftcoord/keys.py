@@ -106,6 +106,16 @@ def evidence(generation: int) -> str:
     return f"gen/{generation}/evidence"
 
 
+def arrived(generation: int) -> str:
+    """Counter of members that reached the generation's rendezvous (see CallWrapper.init_process_group)."""
+    return f"gen/{generation}/arrived"
+
+
+def all_arrived(generation: int) -> str:
+    """Set by the last member to arrive: every member is at the rendezvous."""
+    return f"gen/{generation}/all_arrived"
+
+
 def process_group(generation: int) -> str:
     """Prefix of the torch.distributed rendezvous keys of a generation."""
     return f"gen/{generation}/pg"

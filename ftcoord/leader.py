@@ -42,76 +42,13 @@ import torch.distributed as dist
 
 from ftcoord import evidence, keys, pausepoints
 from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.decisions import LeaderClaim, advance_current, current_generation, read_joins, read_record
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.log import get_logger
 from ftcoord.quorum import choose_members
-from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.record import GenerationRecord
 from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts, read_facts, registered_slots
 from ftcoord.store import get_or_none, read_int, wait_for_key
-
-
-@dataclass(frozen=True)
-class LeaderClaim:
-    """The value of the `leader` key: "term:slot:incarnation" or "term:released"."""
-
-    term: int
-    slot: int | None
-    incarnation: int | None
-
-    @classmethod
-    def parse(cls, raw: bytes | str) -> LeaderClaim:
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        parts = text.split(":")
-        if len(parts) == 3:
-            return cls(int(parts[0]), int(parts[1]), int(parts[2]))
-        return cls(int(parts[0]) if parts[0] else 0, None, None)
-
-    def __str__(self) -> str:
-        if self.slot is None:
-            return f"{self.term}:released"
-        return f"{self.term}:{self.slot}:{self.incarnation}"
-
-
-def current_generation(store: dist.Store) -> int:
-    """The newest decided generation: the hint, walked forward to the last record."""
-    generation = int(get_or_none(store, keys.CURRENT) or 0)
-    while store.check([keys.record(generation + 1)]):
-        generation += 1
-    return generation
-
-
-def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
-    """The record of `generation`; None when it is not decided yet, or forgotten (keys.FORGOTTEN)."""
-    raw = get_or_none(store, keys.record(generation))
-    return GenerationRecord.from_json(raw) if raw and raw.decode() != keys.FORGOTTEN else None
-
-
-def is_forgotten(store: dist.Store, generation: int) -> bool:
-    """The generation was decided long ago and its keys are gone: nobody may wait for it."""
-    return get_or_none(store, keys.record(generation)) == keys.FORGOTTEN.encode()
-
-
-def advance_current(store: dist.Store, generation: int) -> None:
-    """Move the `gen/current` hint forward to `generation`; never back (a paused writer may be late)."""
-    while True:
-        raw = get_or_none(store, keys.CURRENT)
-        seen = raw.decode() if raw else ""
-        if int(seen or 0) >= generation:
-            return
-        if store.compare_set(keys.CURRENT, seen, str(generation)).decode() == str(generation):
-            return
-
-
-def read_joins(store: dist.Store, generation: int) -> list[JoinRequest]:
-    """The join announcements of a generation; a slot's newest incarnation wins."""
-    raw = get_or_none(store, keys.joiners(generation))
-    newest: dict[int, JoinRequest] = {}
-    for line in (raw or b"").decode().splitlines():
-        if line:
-            join = JoinRequest.from_json(line)
-            if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
-                newest[join.slot] = join
-    return list(newest.values())
 
 
 @dataclass
@@ -277,6 +214,7 @@ class LeaderDuty:
         record = read_record(self._store, current) if current else None
         if record is not None and record.failed is None:
             self._interrupt_if_member_dead(record, facts)
+        self._fence_hung_outsiders(record, facts)
 
         generation = current + 1
         if self._is_open(current, record):
@@ -302,17 +240,30 @@ class LeaderDuty:
             if self._alive(fact, inc) and member not in hung:
                 continue
             reason = "hung" if member in hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
-            if (member, inc) not in self._fenced and not fact.is_gone(inc):
-                # Its launcher kills it: a hung peer then fails the collectives at once. The term lets
-                # the launcher ignore a fence of a leader deposed before it could see the kill through.
-                self._store.set(keys.fence(member), f"{self._claim.term if self._claim else 0}:{inc}")
-                self._fenced.add((member, inc))
-                self._log.warning("rank_fenced", slot=member, incarnation=inc, reason=reason)
+            if not fact.is_gone(inc):
+                self._fence(member, inc, reason)  # a hung peer then fails the collectives at once
             self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
             self._log.warning("member_declared_dead", generation=record.generation, slot=member,
                               incarnation=inc, reason=reason,
                               silent_s=round(self._observer.silent_for(f"hb/{member}"), 3))
             return
+
+    def _fence(self, slot: int, incarnation: int, reason: str) -> None:
+        """Ask the slot's launcher to kill this incarnation (once). The term lets the launcher ignore a
+        fence of a leader deposed before it could see the kill through."""
+        if (slot, incarnation) in self._fenced:
+            return
+        self._store.set(keys.fence(slot), f"{self._claim.term if self._claim else 0}:{incarnation}")
+        self._fenced.add((slot, incarnation))
+        self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
+
+    def _fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts]) -> None:
+        """A process that hung while it was in no running generation (joining, or a hot spare) is judged by
+        no interrupt; fence it too, so its launcher replaces it and its capacity is not lost for good."""
+        members = set(record.members) if record is not None and record.failed is None else set()
+        for slot, fact in facts.items():
+            if slot not in members and not fact.is_gone() and self._observer.is_stale(f"hb/{slot}"):
+                self._fence(slot, fact.incarnation, "heartbeat_stale")
 
     def _hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]]) -> set[int]:
         """Members alive but making no progress for progress_timeout: the culprits only.
@@ -443,5 +394,6 @@ class LeaderDuty:
         self._store.set(keys.record(generation), keys.FORGOTTEN)
         for key in (keys.joiners(generation), keys.join_count(generation),
                     keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
-                    keys.finished(generation), *(keys.join_signal(generation, n) for n in range(1, count + 1))):
+                    keys.finished(generation), keys.arrived(generation), keys.all_arrived(generation),
+                    *(keys.join_signal(generation, n) for n in range(1, count + 1))):
             self._store.delete_key(key)

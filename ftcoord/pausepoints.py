@@ -6,10 +6,11 @@ the points where a pause is dangerous; unarmed (the normal case) that is one tes
 module-level boolean.
 
 Two ways to arm a point:
-- a process: `FTCOORD_PAUSE_AT=NAME[,NAME...]` in its environment. The process SIGSTOPs itself
-  the first time it reaches each named point (a real stop: every thread halts, as under a
-  cgroup freeze) after appending `NAME pid` to `FTCOORD_PAUSE_MARKERS` (a file) when set;
-  the test continues it with SIGCONT.
+- a process: `FTCOORD_PAUSE_AT=NAME[@SLOT][,...]` in its environment (NAME@SLOT: only in the process
+  of that slot) and `FTCOORD_PAUSE_MARKERS=DIR`. The first process to reach the point SIGSTOPs itself
+  (a real stop: every thread halts, as under a cgroup freeze) after writing its pid to DIR/NAME;
+  the point fires once per DIR, so a replacement does not stop again. The test continues the
+  process with SIGCONT, or kills it.
 - a thread, in-process (unit tests with threads against a real store): `hold(NAME)` returns a
   Gate; the first thread to reach NAME blocks there until `gate.release()`.
 """
@@ -31,7 +32,9 @@ LEADER_BEFORE_RECORD = "leader.before_record_write"
 """The leader computed a record and is about to write it."""
 JOIN_ANNOUNCED = "join.announced"
 """A process announced itself for a generation and is about to wait for its record."""
-POINTS = (LEADER_CHECKED, LEADER_BEFORE_RECORD, JOIN_ANNOUNCED)
+BEFORE_RENDEZVOUS = "call.before_rendezvous"
+"""A member of a decided generation is about to meet the others in the process-group rendezvous."""
+POINTS = (LEADER_CHECKED, LEADER_BEFORE_RECORD, JOIN_ANNOUNCED, BEFORE_RENDEZVOUS)
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Gate:
 
 
 _process_points = {p.strip() for p in os.environ.get(PAUSE_AT_ENV, "").split(",") if p.strip()}
+"""NAME or NAME@SLOT entries."""
 _gates: dict[str, Gate] = {}
 _armed = bool(_process_points)
 _lock = threading.Lock()
@@ -84,15 +88,34 @@ def reached(name: str) -> None:
         if gate is not None:
             gate.thread = threading.current_thread().name
             gate.reached.set()
-        stop_process = name in _process_points
-        if stop_process:
-            _process_points.discard(name)
+        entry = _process_entry(name)
+        if entry is not None:
+            _process_points.discard(entry)
             _rearm()
     if gate is not None:
         gate.released.wait()
-    if stop_process:
-        markers = os.environ.get(MARKERS_ENV)
-        if markers:
-            with open(markers, "a") as out:
-                out.write(f"{name} {os.getpid()}\n")
+    if entry is not None and _first_in_job(name):
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _process_entry(name: str) -> str | None:
+    """The armed entry of this process for `name` (NAME, or NAME@SLOT with this process's slot)."""
+    slot = os.environ.get("FTCOORD_SLOT")
+    for entry in (name, f"{name}@{slot}"):
+        if entry in _process_points:
+            return entry
+    return None
+
+
+def _first_in_job(name: str) -> bool:
+    """Claim the point's marker (its pid inside); False when another process already stopped there."""
+    directory = os.environ.get(MARKERS_ENV)
+    if not directory:
+        return True
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True

@@ -19,9 +19,9 @@ import tenacity
 import torch.distributed as dist
 
 from ftcoord import env, keys, scratch
+from ftcoord.decisions import LeaderClaim
 from ftcoord.heartbeat import mark_dead
 from ftcoord.launch_config import LaunchConfig
-from ftcoord.leader import LeaderClaim
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
 from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys
-from ftcoord.leader import LeaderClaim
+from ftcoord import StoreServer, connect, job_store, keys, pausepoints
+from ftcoord.decisions import LeaderClaim
 from ftcoord.store import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
@@ -101,6 +101,36 @@ def test_a_fence_of_a_deposed_leader_term_is_not_carried_out(
         proc.kill()
     assert code == 0, out[-3000:]
     run.assert_correct(400)
+
+
+def test_a_member_dying_before_the_rendezvous_costs_no_process_group_timeout(
+    store_server: StoreServer, job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slot 1 stops right before the first generation's rendezvous (a pause point) and is killed there: the
+    other member, waiting to meet it, leaves on the leader's interrupt instead of torch's rendezvous timeout."""
+    markers = tmp_path / "pauses"
+    markers.mkdir()
+    monkeypatch.setenv(pausepoints.PAUSE_AT_ENV, f"{pausepoints.BEFORE_RENDEZVOUS}@1")
+    monkeypatch.setenv(pausepoints.MARKERS_ENV, str(markers))
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--pg-timeout", "60", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        marker = markers / pausepoints.BEFORE_RENDEZVOUS
+        wait_until(lambda: marker.exists() and marker.read_text(), 60, "slot 1 to stop before the rendezvous")
+        time.sleep(0.5)  # slot 0 is waiting for it now
+        killed_at = time.monotonic()
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        def full_steps() -> list[dict]:
+            return [e for e in run.events("step") if e.get("world_size") == 2]
+
+        wait_until(full_steps, 75, "a step of both slots after the kill")
+        first = min(e["mono"] for e in full_steps()) - killed_at
+        assert first < 10, f"{first:.1f}s: slot 0 must leave the rendezvous on the interrupt, not its 60 s timeout"
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    run.assert_correct(60)
 
 
 def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:

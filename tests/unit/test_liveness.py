@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord.decisions import LeaderClaim
 from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
-from ftcoord.leader import LeaderClaim
 
 
 class FakeClock:

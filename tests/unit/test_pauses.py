@@ -10,8 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
+from ftcoord.decisions import advance_current, read_record
 from ftcoord.errors import Superseded
-from ftcoord.leader import LeaderDuty, advance_current, read_record
+from ftcoord.leader import LeaderDuty
 from ftcoord.store import get_or_none
 from tests.helpers.wait import wait_until
 
@@ -158,3 +159,27 @@ def test_a_dead_leader_duty_thread_ends_its_process(
     p.leader._store = Broken()  # type: ignore[assignment]
     wait_until(lambda: died, 3, "the participant to notice its leader duty thread died")
     assert "leader" in died[0] and "store connection lost" in died[0]
+
+
+def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    """A process that hung while it was not a member (joining, or a hot spare) used to be judged by nobody:
+    never fenced, never replaced, its capacity lost for good."""
+    policy = QuorumPolicy(2)
+    leader = start(participants, store_server.address, job_id, 0, policy)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    member = start(participants, store_server.address, job_id, 1, policy)
+    outsider = start(participants, store_server.address, job_id, 2, policy)
+    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in (leader, member)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert leader.record is not None and 2 not in leader.record.members
+    outsider.heartbeat.stop()  # it hangs (SIGSTOP, a deadlock) before it ever joins
+    wait_until(lambda: get_or_none(leader.store, keys.fence(2)) not in (None, b"0"), 4 * FAST.heartbeat_timeout,
+               "the hung outsider to be fenced")
+    term = int(get_or_none(leader.store, keys.LEADER).decode().split(":")[0])  # type: ignore[union-attr]
+    assert get_or_none(leader.store, keys.fence(2)) == f"{term}:{outsider.incarnation}".encode()
+    assert get_or_none(leader.store, keys.fence(1)) == b"0"  # the healthy member is left alone
