@@ -31,6 +31,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -141,22 +142,26 @@ def _late_imports(module: object, args: list[str]) -> tuple[str, ...]:
 STANDBY_NICE = 10
 
 
-def _lower_priority() -> int:
-    try:
-        os.nice(STANDBY_NICE)
-        return STANDBY_NICE
-    except OSError:
-        return 0
+def _preload_niced(parsed: PythonCommand, niced: bool) -> str | None:
+    """`parsed.preload()` at low priority, without lowering the process's own.
 
+    Linux niceness belongs to a thread: the import runs in a thread of its own at nice STANDBY_NICE (it
+    must not slow the ranks training beside it), while the main thread, the one that forks every
+    replacement, keeps normal priority. (Nicing the process and undoing it in each replacement needs a
+    privilege most users lack: their replacements trained niced.) The thread has ended before any fork.
+    """
+    outcome: dict[str, str | None] = {}
 
-def _restore_priority(niced: int) -> None:
-    """Back to normal priority when taking a slot (needs the privilege to lower niceness)."""
-    if niced:
-        try:
-            os.nice(-niced)
-        except OSError:
-            print("ftcoord standby: could not restore normal priority (not permitted); running niced",
-                  file=sys.stderr)
+    def work() -> None:
+        if niced:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STANDBY_NICE)
+        outcome["refused"] = parsed.preload()
+
+    thread = threading.Thread(target=work, name="ftcoord-standby-preload")
+    thread.start()
+    thread.join()
+    return outcome.get("refused")
 
 
 def _die_with_parent() -> None:
@@ -171,7 +176,7 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _replacement(parsed: PythonCommand, env: dict[str, str], niced: int, reply_fd: int) -> None:
+def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int) -> None:
     """In a forked child: become the slot's process and run the command; never returns."""
     code = 1
     try:
@@ -182,7 +187,6 @@ def _replacement(parsed: PythonCommand, env: dict[str, str], niced: int, reply_f
         os.dup2(devnull, 0)
         os.close(devnull)
         _die_with_parent()
-        _restore_priority(niced)
         os.environ.update(env)
         os.environ[STANDBY_ENV] = "1"
         code = parsed.run()
@@ -206,8 +210,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Warm up at low priority when ranks already train here: the import must not slow them.
-    niced = _lower_priority() if os.environ.pop(NICE_ENV, "1") == "1" else 0
-    refused = parsed.preload()
+    refused = _preload_niced(parsed, niced=os.environ.pop(NICE_ENV, "1") == "1")
     reply_fd = int(os.environ.pop(READY_FD_ENV))
 
     def reply(message: str) -> None:
@@ -227,7 +230,7 @@ def main() -> None:
                 request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    _replacement(parsed, request["env"], niced, reply_fd)
+                    _replacement(parsed, request["env"], reply_fd)
                 children.add(pid)
                 reply(json.dumps({"spawned": request["spawn"], "pid": pid}))
         elif not stdin_open:

@@ -26,8 +26,12 @@ def torch_loaded(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def start(args: list[str]) -> WarmStandby:
-    standby = WarmStandby.start([sys.executable, "-m", "training", *args], {**os.environ, **JOB_ENV}, niced=False)
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def start(args: list[str], niced: bool = False) -> WarmStandby:
+    standby = WarmStandby.start([sys.executable, "-m", "training", *args], {**os.environ, **JOB_ENV}, niced=niced)
 
     def ready() -> bool:
         standby.pump()
@@ -42,6 +46,20 @@ def test_a_good_command_line_is_preloaded() -> None:
     try:
         assert standby.refused is None
         assert torch_loaded(standby.process.pid), "torch should be imported before the first fork"
+    finally:
+        standby.close()
+
+
+def test_a_standby_warmed_niced_forks_replacements_at_normal_priority() -> None:
+    """Only the import ran niced (its own thread): a replacement trains at normal priority, with no
+    privilege needed to undo a nice (an unprivileged standby used to leave every replacement at nice 10)."""
+    standby = start(["--steps", "5", "--global-batch", "8"], niced=True)
+    try:
+        assert nice_of(standby.process.pid) == 0
+        child = standby.spawn({env.SLOT_ENV: "0"})
+        assert child is not None
+        assert nice_of(child.pid) == 0
+        child.kill()
     finally:
         standby.close()
 
