@@ -267,3 +267,13 @@ def test_gc_lists_then_removes_orphans(tmp_path: Path) -> None:
                              env=dict(os.environ), timeout=60)
     assert removed.returncode == 0 and "removed 1 orphaned job(s)" in removed.stdout
     assert not scratch.job_dir("gone").exists()
+
+
+def test_importing_the_persister_does_not_renice_the_importer() -> None:
+    """Only the persister process runs niced; a process that imports the module (a test, a tool) does not
+    (it used to: every process it started afterwards inherited nice 10)."""
+    code = ("import os; before = os.getpriority(os.PRIO_PROCESS, 0); import training.checkpoint.persister; "
+            "print(os.getpriority(os.PRIO_PROCESS, 0) - before)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout.strip() == "0", result.stdout + result.stderr

@@ -42,6 +42,15 @@ def start(started: list[Participant], address: str, job_id: str, slot: int, poli
     return p
 
 
+def join_together(*members: Participant) -> None:
+    """Every one joins the next generation at once (each in a thread, as separate processes would)."""
+    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+
+
 def current(p: Participant) -> int:
     return int(get_or_none(p.store, keys.CURRENT) or 0)
 
@@ -81,11 +90,7 @@ def test_a_leader_paused_after_its_leadership_check_fences_and_interrupts_nobody
     leader = start(participants, store_server.address, job_id, 0, policy, progress_timeout=0.5)
     wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
     member = start(participants, store_server.address, job_id, 1, policy)
-    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in (leader, member)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    join_together(leader, member)
     assert leader.generation == member.generation == 1
 
     stop_pinging = threading.Event()
@@ -118,11 +123,7 @@ def test_a_superseded_incarnation_exits_instead_of_interrupting_every_generation
     ghost.heartbeat.stop()
     fresh = start(participants, store_server.address, job_id, 0, policy)
     other = start(participants, store_server.address, job_id, 1, policy)
-    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in (fresh, other)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    join_together(fresh, other)
     assert fresh.generation == other.generation == 1
     assert (fresh.incarnation, ghost.incarnation) == (2, 1)
 
@@ -171,11 +172,7 @@ def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
     wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
     member = start(participants, store_server.address, job_id, 1, policy)
     outsider = start(participants, store_server.address, job_id, 2, policy)
-    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in (leader, member)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    join_together(leader, member)
     assert leader.record is not None and 2 not in leader.record.members
     outsider.heartbeat.stop()  # it hangs (SIGSTOP, a deadlock) before it ever joins
     wait_until(lambda: get_or_none(leader.store, keys.fence(2)) not in (None, b"0"), 4 * FAST.heartbeat_timeout,

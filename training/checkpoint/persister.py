@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 
 PERSISTER_NICE = 10
-os.nice(PERSISTER_NICE)  # before torch loads: its import and every write yield the CPU to training
+if __name__ == "__main__":  # the persister process only: importing this module (a test does) changes nothing
+    os.nice(PERSISTER_NICE)  # before torch loads: its import and every write yield the CPU to training
 
 import argparse  # noqa: E402
 import fcntl  # noqa: E402
