@@ -71,15 +71,18 @@ def test_hang(tmp_path: Path) -> None:
 
 
 def test_pause_in_every_role(tmp_path: Path) -> None:
-    """A spare and a member paused past the heartbeat timeout are fenced and replaced (the spare without
-    interrupting anyone), a leader paused briefly is ridden through (no generation change); exactly-once
-    and the model hold."""
+    """A leader paused briefly is ridden through (no generation change); a spare, a member and the leader
+    paused past the heartbeat timeout are fenced and replaced (the spare without interrupting anyone, the
+    leader's duties taken over); exactly-once and the model hold."""
     report = run("pause", tmp_path)
-    spare, leader, member = report["faults"]
-    assert spare["slot"] >= 100_000 and spare["detect_s"] is None and leader["detect_s"] is None, report["faults"]
-    assert member["detect_s"] is not None and report["world_sizes"] == [3], report["faults"]
-    fenced = read_logs(tmp_path / "pause" / "logs", ("rank_fenced_killed",))
-    assert sorted(e["slot"] for e in fenced) == sorted([spare["slot"], member["slot"]]), fenced
+    spare, brief, member, leader = report["faults"]
+    assert spare["slot"] >= 100_000 and spare["detect_s"] is None and brief["detect_s"] is None, report["faults"]
+    assert member["detect_s"] is not None and leader["detect_s"] is not None, report["faults"]
+    assert report["world_sizes"] == [3], report["faults"]
+    logs = tmp_path / "pause" / "logs"
+    fenced = read_logs(logs, ("rank_fenced_killed",))
+    assert sorted(e["slot"] for e in fenced) == sorted([spare["slot"], member["slot"], leader["slot"]]), fenced
+    assert len(read_logs(logs, ("leader_elected",))) >= 2
 
 
 def test_stuck_training_thread_is_caught_by_the_default_progress_timeout(tmp_path: Path) -> None:
