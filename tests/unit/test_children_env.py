@@ -24,3 +24,15 @@ def test_a_users_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "6")
     env = children_env(2)
     assert env["OMP_NUM_THREADS"] == "6" and env["PATH"] == os.environ["PATH"]
+
+
+def test_hot_spare_slots_never_collide_across_launchers() -> None:
+    """Each launcher numbers its spares from its own first slot: with more spares than processes per node,
+    two nodes used to hand out the same spare slot."""
+    from ftcoord.launch_config import LaunchConfig
+
+    nodes = [LaunchConfig(command=["x"], job_id="j", store="s", nproc=2, spares=5, first_slot=first)
+             for first in (0, 2, 4)]
+    slots = [slot for node in nodes for slot in node.slots]
+    assert len(slots) == len(set(slots)), sorted(slots)
+    assert all(min(s for s in n.slots if s >= 100_000) > max(m.first_slot + m.nproc for m in nodes) for n in nodes)
