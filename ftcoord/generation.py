@@ -49,18 +49,18 @@ class GenerationClient:
             QuorumTimeout: too few processes joined within barrier_timeout.
             Superseded: a newer incarnation of this slot registered; this process must exit.
         """
-        self.raise_if_superseded()
         generation = self.current() + 1
-        self._interrupt_if_needed(self.record(generation - 1))
+        previous = self.record(generation - 1)
         while True:
             self._raise_if_failed()
-            self.raise_if_superseded()
+            self.raise_if_superseded()  # a ghost neither interrupts nor announces, however long it waited
+            self._interrupt_if_needed(previous)
             self._announce(generation, step)
             pausepoints.reached(pausepoints.JOIN_ANNOUNCED)
             record = self._wait_record(generation)
             if record is None:  # decided and forgotten while we were paused: catch up with the newest
                 self._log.info("generation_forgotten", generation=generation)
-                generation = max(generation, self.current()) + 1
+                generation, previous = max(generation, self.current()) + 1, None
                 continue
             self._raise_if_failed()
             if record.failed is not None:
@@ -72,8 +72,7 @@ class GenerationClient:
                 return record
             self._log.info("generation_left_out", generation=generation,
                            spare=record.was_considered(self.slot, self.incarnation))
-            self._interrupt_if_needed(record)
-            generation += 1
+            generation, previous = generation + 1, record  # interrupted, if it must be, before the next announce
 
     def raise_if_superseded(self) -> None:
         reason = superseded(self._store, self.slot, self.incarnation)
