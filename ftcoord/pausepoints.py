@@ -51,7 +51,8 @@ class Gate:
 
     def release(self) -> None:
         self.released.set()
-        _gates.pop(self.name, None)
+        if _gates.get(self.name) is self:  # a newer hold() of the same point stays armed
+            del _gates[self.name]
         _rearm()
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,14 @@ class AllreduceRun:
                 if line.endswith("}") and f'"{event}"' in line:
                     found.append(json.loads(line))
         return sorted(found, key=lambda e: e.get("mono", 0))
+
+    def seconds_until(self, kind: str, since: float, timeout: float, what: str,
+                      where: Callable[[dict[str, Any]], bool] = lambda event: True) -> float:
+        """Wait for the first `kind` event after `since` (monotonic) that matches `where`; seconds from `since`."""
+        def found() -> list[dict[str, Any]]:
+            return [e for e in self.events(kind) if e["mono"] > since and where(e)]
+
+        return wait_until(found, timeout, what)[0]["mono"] - since
 
     def max_step(self) -> int:
         return max((e["step"] for e in self.events("step")), default=-1)

@@ -63,9 +63,7 @@ def test_hung_rank_is_fenced_by_its_launcher_before_the_gloo_timeout(
         victim = run.pid_of(2)
         stopped_at = time.monotonic()
         os.kill(victim, signal.SIGSTOP)
-        wait_until(lambda: [e for e in run.events("generation") if e["mono"] > stopped_at], 30,
-                   "survivors to form a new generation")
-        recovered = min(e["mono"] for e in run.events("generation") if e["mono"] > stopped_at) - stopped_at
+        recovered = run.seconds_until("generation", stopped_at, 30, "survivors to form a new generation")
         assert recovered < 10, f"took {recovered:.1f}s: the gloo timeout (60 s) must not be what ends it"
         print(f"SIGSTOP: new generation after {recovered * 1000:.0f} ms (heartbeat_timeout 1.0 s)")
         code, out = finish(proc)
@@ -117,14 +115,12 @@ def test_a_member_dying_before_the_rendezvous_costs_no_process_group_timeout(
     try:
         marker = markers / pausepoints.BEFORE_RENDEZVOUS
         wait_until(lambda: marker.exists() and marker.read_text(), 60, "slot 1 to stop before the rendezvous")
-        time.sleep(0.5)  # slot 0 is waiting for it now
+        wait_until(lambda: [e for e in run.logs("function_started") if e["slot"] == 0], 30,
+                   "slot 0 to start generation 1 (its rendezvous comes next)")
         killed_at = time.monotonic()
         os.kill(int(marker.read_text()), signal.SIGKILL)
-        def full_steps() -> list[dict]:
-            return [e for e in run.events("step") if e.get("world_size") == 2]
-
-        wait_until(full_steps, 75, "a step of both slots after the kill")
-        first = min(e["mono"] for e in full_steps()) - killed_at
+        first = run.seconds_until("step", killed_at, 75, "a step of both slots after the kill",
+                                  where=lambda e: e["world_size"] == 2)
         assert first < 10, f"{first:.1f}s: slot 0 must leave the rendezvous on the interrupt, not its 60 s timeout"
         print(f"member killed before the rendezvous: both slots training again after {first * 1000:.0f} ms")
         code, out = finish(proc)

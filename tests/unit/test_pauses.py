@@ -106,8 +106,10 @@ def test_a_leader_paused_after_its_leadership_check_fences_and_interrupts_nobody
     gate = pausepoints.hold(pausepoints.LEADER_CHECKED)
     assert gate.wait_reached(5)
     time.sleep(2 * FAST.heartbeat_timeout)  # the duty thread is paused (a long GC); everyone else is healthy
-    gate.release()
-    time.sleep(4 * FAST.heartbeat_interval)  # it looks at its (old) observations and decides
+    next_round = pausepoints.hold(pausepoints.LEADER_CHECKED)
+    gate.release()  # it judges on its (old) observations and writes what it decided...
+    assert next_round.wait_reached(5), "the leader duty never came round again"  # ...a whole round done
+    next_round.release()
     stop_pinging.set()
     fence = get_or_none(member.store, keys.fence(1))
     assert fence is None or fence.decode() in ("", "0"), f"a healthy rank was fenced: {fence!r}"
