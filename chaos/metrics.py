@@ -11,12 +11,13 @@ from typing import Any
 import torch
 
 from chaos.scenario import STOP_KINDS
+from training.ledger import files_under
 
 
 def read_logs(directory: Path, events: tuple[str, ...]) -> list[dict[str, Any]]:
     """structlog JSON lines of the given event names (every process of the run)."""
     found = []
-    for path in directory.rglob("*.jsonl"):
+    for path in files_under(directory, "*.jsonl"):
         if path.name.startswith("ledger-"):
             continue
         for line in path.read_text(errors="replace").splitlines():

@@ -14,6 +14,7 @@ that died inside that write can leave a torn last line, and `scan_ledgers` repor
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import threading
@@ -72,10 +73,29 @@ class LedgerScan:
     files: list[Path] = field(default_factory=list)
 
 
+def files_under(directory: str | Path, pattern: str) -> list[Path]:
+    """The files under a directory (recursively) whose names match `pattern`, sorted.
+
+    A run directory is read while the run writes into it: a checkpoint's temporary directory can be
+    renamed or removed between listing its parent and opening it, and that is no error (`rglob` raised
+    FileNotFoundError). A missing directory holds no files, as with `rglob`: the callers judge what
+    an empty result means (to the verifier, missing evidence is a failure).
+    """
+    root = Path(directory)
+
+    def vanished_is_fine(error: OSError) -> None:
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
+    return sorted(Path(parent) / name
+                  for parent, _, names in os.walk(root, onerror=vanished_is_fine)
+                  for name in fnmatch.filter(names, pattern))
+
+
 def scan_ledgers(directory: str | Path) -> LedgerScan:
     """Every ledger line under a directory (recursively), in time order, and every torn line."""
     scan = LedgerScan()
-    for path in sorted(Path(directory).rglob("ledger-*.jsonl")):
+    for path in files_under(directory, "ledger-*.jsonl"):
         scan.files.append(path)
         text = path.read_text(errors="replace")
         lines = text.split("\n")

@@ -200,3 +200,29 @@ def test_scan_keeps_complete_lines_in_time_order(tmp_path: Path) -> None:
     _write(tmp_path / "ledger-slot1-8.jsonl", [r for r in records if r["rank"] == 1])
     scan = scan_ledgers(tmp_path)
     assert not scan.torn and [r["mono"] for r in scan.records] == sorted(r["mono"] for r in records)
+
+
+def test_ledgers_are_read_while_checkpoint_directories_come_and_go(tmp_path: Path) -> None:
+    """A run directory is read while the run writes into it (CI once failed here: `rglob` raised
+    FileNotFoundError for a checkpoint's temporary directory renamed between listing and opening)."""
+    import shutil
+    import threading
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "ledger-0-1.jsonl").write_text(json.dumps({"kind": "step", "mono": 0.0}) + "\n")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for i in range(20):
+                (tmp_path / "ckpt" / f"step_{i:08d}.tmp" / "a" / "b").mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp_path / "ckpt", ignore_errors=True)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(300):
+            assert len(scan_ledgers(tmp_path).records) == 1
+    finally:
+        stop.set()
+        thread.join(5)
