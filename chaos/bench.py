@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from chaos.bench_heal import bench_heal, heal_rows
 from chaos.bench_recovery import DEFAULT, bench_recovery_by_fault, default_job, summary
 from chaos.metrics import goodput
 from chaos.run import ChaosRunner
@@ -278,6 +279,14 @@ def run_bench(out: Path, quick: bool = False) -> int:
     good = bench_goodput(out, steps, kills)
     report["goodput_ratio"] = good["ratio"]
     report["details"]["goodput"] = good
+    print("measuring: healing (old pickled path vs call.heal vs a raw broadcast) ...", file=sys.stderr, flush=True)
+    server = StoreServer("127.0.0.1", 0)
+    try:
+        heal = bench_heal(server.address, out, 3 if quick else 5)
+    finally:
+        server.close()
+    report["heal"] = {case: {k: v for k, v in r.items() if k.startswith("new_over")} for case, r in heal.items()}
+    report["details"]["heal"] = heal
     report["wall_s"] = round(time.monotonic() - started, 1)
     (out / "bench.json").write_text(json.dumps(report, indent=1))
     (out / "bench.md").write_text(markdown_table(report))
@@ -318,7 +327,9 @@ def rows(report: dict[str, Any]) -> list[tuple[str, Any, str, bool]]:
         "restore_ratio": report["restore_ratio"],
         "goodput_ratio": report["goodput_ratio"],
     }
-    return [(k, v, TARGETS[k][0], bool(TARGETS[k][1](v))) for k, v in values.items()]
+    found = [(k, v, TARGETS[k][0], bool(TARGETS[k][1](v))) for k, v in values.items()]
+    healing = heal_rows(report["details"]["heal"])
+    return found + [(f"heal, {name}", value, target, met) for name, value, target, met in healing]
 
 
 NO_TARGET = ("whole-job restart (baseline)", "two at once, no warm standby")

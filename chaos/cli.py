@@ -126,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="the dataset of every run, e.g. cifar100:~/data (a folder with cifar-100-python/)")
     camp.add_argument("--summary-only", action="store_true", help="rewrite the summary of finished runs, run nothing")
     camp.add_argument("--quiet", action="store_true", help="no progress lines")
-    bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency and checkpoint stall")
+    bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency, checkpoint stall, healing")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
+    bench.add_argument("--only", choices=["heal"], default=None,
+                       help="one measurement only: heal (~100M parameters + Adam healed to 1 and 2 fresh members, "
+                            "old pickled path vs call.heal vs a raw broadcast; ~12 GiB of memory, minutes)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args(argv)
 
@@ -160,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             _print_report(report, args.run_dir)
             return 0 if report["verdict"] == "pass" else 1
         if args.command == "bench":
+            if args.only == "heal":
+                from chaos.bench_heal import run_heal_bench
+
+                return run_heal_bench(args.out, 3 if args.quick else 5)
             from chaos.bench import run_bench
 
             return run_bench(args.out, quick=args.quick)

@@ -1,52 +1,60 @@
-"""The smallest useful ftcoord job: DDP on a toy model, restarted in-process on faults.
+"""The smallest useful ftcoord job: DDP on a toy model that survives the death of any rank.
 
-    ftcoord-launch --embedded-store --job-id quickstart --nproc 2 -- python examples/quickstart.py
+    ftcoord-launch --embedded-store --job-id quickstart --nproc 2 -- python examples/quickstart.py --steps 3000
 
-Kill one of the two processes (kill -9 PID) while it runs: the other restarts in-process,
-the launcher brings the slot back from a warm standby, and training continues.
+Kill either process (kill -9 PID) while it runs, rank 0's included: the survivor restarts in-process,
+the launcher brings the slot back from a warm standby, and `call.heal` hands the survivor's model,
+optimizer and step to the replacement. Training goes on from where it was, never from step 0.
 """
 
 from __future__ import annotations
 
+import argparse
+
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ftcoord import CallWrapper, Wrapper
 
-STEPS = 300
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--steps", type=int, default=300, help="global steps to train (default: %(default)s)")
+parser.add_argument("--save", metavar="PATH", help="rank 0 writes the final model's state_dict here")
+args = parser.parse_args()
+if args.steps < 1:
+    parser.error(f"--steps {args.steps}: train at least one step")
+
+torch.manual_seed(0)  # every process starts from the same weights
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-progress = {"step": 0}  # survives in-process restarts: this process keeps its state
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+progress = {"step": 0}  # lives in this process: it survives in-process restarts, not a kill
 
 
 @Wrapper(min_world_size=1, heartbeat_timeout=2.0)
 def train(call: CallWrapper) -> float:
     call.init_process_group()  # gloo on CPU, nccl on GPU, over the ftcoord store
-    # A new generation may hold a freshly restarted member: everyone takes rank 0's state.
-    # (The `training` package does this properly: the most advanced member heals the rest.)
-    for tensor in model.state_dict().values():
-        dist.broadcast(tensor, src=0)
-    held = torch.tensor([progress["step"]])
-    dist.broadcast(held, src=0)
-    progress["step"] = int(held)
+    # The member that trained furthest hands its state to the others (a replacement holds fresh weights).
+    progress["step"] = call.heal({"model": model, "optimizer": optimizer}, step=progress["step"])
+    print(f"generation {call.iteration}: rank {call.rank} of {call.world_size} starts at step {progress['step']}",
+          flush=True)
     ddp = DDP(model)
     loss = torch.tensor(0.0)
-    while progress["step"] < STEPS:
+    while progress["step"] < args.steps:
         call.check()  # leave at a step boundary when the generation was interrupted
-        generator = torch.Generator().manual_seed(progress["step"] * 1000 + call.rank)
+        step = progress["step"]
+        generator = torch.Generator().manual_seed(step * 1000 + call.rank)  # this step's data on this rank
         x = torch.randn(32, 16, generator=generator)
         loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        progress["step"] += 1
-        call.step = progress["step"]
+        progress["step"] = call.step = step + 1  # committed: the next join reports it
         call.ping()
+        if call.rank == 0 and progress["step"] % 100 == 0:
+            print(f"step {progress['step']}: loss {loss.item():.4f}", flush=True)
         if call.should_stop:  # SIGTERM: stop at this boundary (checkpoint here)
             break
-    if call.rank == 0:
-        print(f"generation {call.iteration}: step {progress['step']}, loss {loss.item():.4f}", flush=True)
+    if call.rank == 0 and args.save:
+        torch.save(model.state_dict(), args.save)
     return loss.item()
 
 

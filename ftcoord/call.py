@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from ftcoord import evidence, group_sockets, keys, pausepoints
 from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
+from ftcoord.heal import HealReport, heal
 from ftcoord.log import get_logger
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
@@ -72,6 +74,8 @@ class CallWrapper:
         self._atomic_depth = 0
         self.step: int = -1
         """The last step this process committed; set it so the next join can report it."""
+        self.last_heal: HealReport | None = None
+        """What the last `heal()` of this generation did (source, receivers, bytes, seconds)."""
         self._log = get_logger(component="call", slot=participant.slot, generation=record.generation)
 
     # -- identity -------------------------------------------------------------------
@@ -200,6 +204,26 @@ class CallWrapper:
     def process_group(self) -> dist.ProcessGroup:
         """This generation's process group (created on first use, default backend)."""
         return self.init_process_group()
+
+    def heal(self, objects: Mapping[str, Any], step: int) -> int:
+        """Make every member hold the most advanced member's state, in place; returns the healed step.
+
+        `objects` maps names to modules, optimizers, schedulers, tensors or anything with
+        `state_dict()`/`load_state_dict()`, the same names on every member; `step` is how far they
+        are (0 for a fresh start, the checkpoint's step after loading one, negative for "nothing worth
+        sharing"). The member with the highest step (lowest rank on ties) is the source; every member
+        behind it or differing from it receives its state over this generation's process group,
+        tensor by tensor. When nobody holds state the given step comes back unchanged: read your
+        checkpoint first, then heal. See ftcoord.heal for the protocol.
+        """
+        self.process_group()
+        report = heal(objects, step)
+        self.last_heal = report
+        if report.step >= 0:
+            self.step = report.step
+        self._log.info("state_healed", step=report.step, source=report.source, receivers=list(report.receivers),
+                       bytes=report.bytes, seconds=round(report.seconds, 4))
+        return report.step
 
     def report_closed_peers(self, exc: BaseException) -> list[int] | None:
         """After a failed collective: record a closed connection (ftcoord.evidence); the members it names,

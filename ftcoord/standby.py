@@ -90,7 +90,10 @@ class PythonCommand:
                 return str(exc)
             except Exception:  # noqa: S110 - preloading is best effort; the real run reports errors
                 pass
+        # Every optimizer's constructor imports torch._dynamo (1.6-2 s here): a replacement running a
+        # plain script (the quickstart) spent that long between its fork and its first join.
         import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401
         import torch.distributed  # noqa: F401
 
         for name in late:

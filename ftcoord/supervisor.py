@@ -68,9 +68,12 @@ def omp_threads_per_process(nproc: int) -> str:
 
 def children_env(nproc: int) -> dict[str, str]:
     """The launcher's environment for its processes, with OMP_NUM_THREADS split over them unless
-    the user set it (as torchrun does)."""
+    the user set it (as torchrun does), and torch's C++ log level at ERROR unless the user set it:
+    ftcoord's store waits end in a timeout by design (a probe not yet answered, a slice of a watch),
+    and at torch's default level each one prints a c10d warning (hundreds a minute per process)."""
     values = dict(os.environ)
     values.setdefault("OMP_NUM_THREADS", omp_threads_per_process(nproc))
+    values.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return values
 
 

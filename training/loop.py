@@ -81,7 +81,7 @@ class Trainer:
         call.init_process_group()
         rank, world = call.rank, call.world_size
         local_batch(config.global_batch, world)  # the leader only picks divisors; guard anyway
-        report = heal(state, rank, world, self._load_checkpoint)
+        report = heal(call, state, self._load_checkpoint)
         call.step = state.step
         # What the verifier needs to replay this generation exactly: the configuration, the gradient
         # reduction and the intra-op threads (a matmul may round differently with another count).

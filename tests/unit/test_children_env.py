@@ -22,8 +22,15 @@ def test_threads_are_split_between_the_processes(monkeypatch: pytest.MonkeyPatch
 
 def test_a_users_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")
     env = children_env(2)
-    assert env["OMP_NUM_THREADS"] == "6" and env["PATH"] == os.environ["PATH"]
+    assert env["OMP_NUM_THREADS"] == "6" and env["PATH"] == os.environ["PATH"] and env["TORCH_CPP_LOG_LEVEL"] == "INFO"
+
+
+def test_timed_out_store_waits_print_no_c10d_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's quickstart printed ~45 c10d 'waitForInput ... timed out' warnings a second."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    assert children_env(2)["TORCH_CPP_LOG_LEVEL"] == "ERROR"
 
 
 def test_hot_spare_slots_never_collide_across_launchers() -> None:

@@ -30,8 +30,9 @@ def nice_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
-def start(args: list[str], niced: bool = False) -> WarmStandby:
-    standby = WarmStandby.start([sys.executable, "-m", "training", *args], {**os.environ, **JOB_ENV}, niced=niced)
+def start(args: list[str], niced: bool = False, command: list[str] | None = None) -> WarmStandby:
+    command = command or [sys.executable, "-m", "training"]
+    standby = WarmStandby.start([*command, *args], {**os.environ, **JOB_ENV}, niced=niced)
 
     def ready() -> bool:
         standby.pump()
@@ -79,5 +80,20 @@ def test_a_refused_command_line_preloads_nothing_and_its_processes_fail_at_once(
         assert child is not None
         assert child.wait(timeout=10) == 2  # the command's own answer to a bad configuration
         assert time.monotonic() - started < 2.0
+    finally:
+        standby.close()
+
+
+def test_a_scripts_replacement_finds_what_every_optimizer_imports_already_loaded(tmp_path: Path) -> None:
+    """A plain script's replacement (the quickstart's) spent 1.6-2 s importing torch._dynamo, which the first
+    optimizer constructor imports, between its fork and its first join."""
+    script, seen = tmp_path / "probe.py", tmp_path / "seen.txt"
+    script.write_text("import sys\nloaded = [m for m in ('torch', 'torch._dynamo') if m in sys.modules]\n"
+                      "open(sys.argv[1], 'w').write(' '.join(loaded))\n")
+    standby = start([str(seen)], command=[sys.executable, str(script)])
+    try:
+        child = standby.spawn({env.SLOT_ENV: "0"})
+        assert child is not None and child.wait(timeout=10) == 0
+        assert seen.read_text().split() == ["torch", "torch._dynamo"]
     finally:
         standby.close()
