@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (("verify", "re-check a finished run directory"), ("report", "rewrite a run's report and plots")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir", type=Path)
+    samples = sub.add_parser("check-samples", help="exactly once for your own loop: read the sample log it wrote "
+                             "(chaos.samples.SampleLog) and check every sample of every epoch was trained once")
+    samples.add_argument("log_dir", type=Path, help="the directory the loop's SampleLog wrote into")
+    samples.add_argument("--size", type=arguments.positive_int, required=True, help="samples in the dataset")
+    samples.add_argument("--epochs", type=arguments.positive_int, required=True, help="epochs the run trained")
     demo = sub.add_parser("demo", help="a short mix of faults on 3 ranks, about 1-3 minutes")
     demo.add_argument("--out", type=Path, default=None)
     camp = sub.add_parser(
@@ -162,6 +167,17 @@ def main(argv: list[str] | None = None) -> int:
             report = _verify_or_report(args.run_dir, write=args.command == "report")
             _print_report(report, args.run_dir)
             return 0 if report["verdict"] == "pass" else 1
+        if args.command == "check-samples":
+            if not args.log_dir.is_dir():
+                raise FileNotFoundError(f"no directory {args.log_dir}: pass the directory your loop's SampleLog wrote")
+            from chaos.samples import check_samples
+
+            check = check_samples(args.log_dir, args.size, args.epochs)
+            print(f"{'PASS' if check.passed else 'FAIL'}: {check.steps} steps, world sizes by generation "
+                  f"{check.world_sizes}, {len(check.redone)} step(s) redone after a fault")
+            for problem in check.problems:
+                print(f"  - {problem}")
+            return 0 if check.passed else 1
         if args.command == "bench":
             if args.only == "heal":
                 from chaos.bench_heal import run_heal_bench

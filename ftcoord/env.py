@@ -47,6 +47,33 @@ def store_from_env() -> str:
     return _first(STORE_ENV) or DEFAULT_STORE
 
 
+def store_source() -> str:
+    """Where `store_from_env()` got its answer, in words a person can act on."""
+    if _first(STORE_ENV):
+        return f"from {STORE_ENV}"
+    return f"the default: {STORE_ENV} is not set"
+
+
+TORCHRUN_AGENT_ENV: str = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's elastic agent for its workers
+
+
+def torchrun_refusal() -> str | None:
+    """Why ftcoord will not run as a worker of torchrun's elastic agent, or None when it is not one.
+
+    The agent watches its workers and, when one dies, stops every worker of the group and starts them
+    all again (or, with --max-restarts 0, fails the job): the survivors' live state, which ftcoord
+    keeps training and heals replacements from, is thrown away, and the group redoes everything since
+    its last snapshot. The two cannot both own recovery; ftcoord-launch does what the agent does
+    (start, watch, replace) without stopping the survivors.
+    """
+    if not os.environ.get(TORCHRUN_AGENT_ENV) or os.environ.get(LAUNCHER_PID_ENV):
+        return None
+    return ("ftcoord does not run under torchrun: its agent stops and restarts every worker when one dies, "
+            "throwing away the survivors' state that ftcoord recovers from. Start the same command with "
+            "ftcoord-launch instead: `ftcoord-launch --embedded-store --nproc N -- python SCRIPT ARGS` "
+            "(one node), or `ftcoord-launch --store HOST:PORT --nproc N --first-slot K -- ...` per node")
+
+
 def job_id_from_env() -> str:
     """FTCOORD_JOB_ID, else torchrun's run id, else SLURM's job id, else "default"."""
     return _first(JOB_ID_ENV, TORCHELASTIC_RUN_ID_ENV, SLURM_JOB_ID_ENV) or DEFAULT_JOB_ID

@@ -96,11 +96,13 @@ class Heartbeat:
             self._log.error("heartbeat_failed", error=str(exc))
 
     def stop(self) -> None:
-        """Stop beating. The thread may sit in a store wait for up to one interval: it is a daemon and
-        checks the stop before every beat, so nobody waits for it here."""
+        """Stop beating, and wait (up to one interval and a second) for the thread to leave its store wait:
+        a process that exits while a thread still sits inside a C++ store call can abort in the
+        interpreter's teardown ("terminate called without an active exception", seen on a plain
+        `python script.py` without ftcoord-launch, whose processes skip that teardown)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(0.05)
+            self._thread.join(self._interval + 1.0)
 
 
 class LivenessObserver:

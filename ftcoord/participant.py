@@ -58,8 +58,9 @@ class Participant:
         self._base: dist.TCPStore | None = None
         self._log = get_logger(component="participant", slot=slot)
 
-    def start(self) -> Participant:
-        base = connect(self.address, deadline=self.timing.connect_timeout)
+    def start(self, on_wait: Callable[[BaseException], None] | None = None) -> Participant:
+        """Connect, register and start the helper threads (`on_wait`: see `ftcoord.store.connect`)."""
+        base = connect(self.address, deadline=self.timing.connect_timeout, on_wait=on_wait)
         self._base = base
         self.store = job_store(base, self.job_id)
         self.incarnation = register(self.store, self.slot)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import tenacity
@@ -27,8 +28,12 @@ def connect(
     *,
     deadline: float = 30.0,
     op_timeout: timedelta = DEFAULT_OP_TIMEOUT,
+    on_wait: Callable[[BaseException], None] | None = None,
 ) -> dist.TCPStore:
     """Connect to a running store server, retrying with exponential backoff.
+
+    `on_wait` is called once, with the error, when the first attempt fails (say what is being waited
+    for, rather than wait `deadline` seconds in silence).
 
     Raises:
         StoreUnavailable: nothing answered at host:port before `deadline` seconds.
@@ -54,7 +59,12 @@ def connect(
         store.set_timeout(op_timeout)
         return store
 
+    def first_failure(state: tenacity.RetryCallState) -> None:
+        if on_wait is not None and state.attempt_number == 1 and state.outcome is not None:
+            on_wait(state.outcome.exception())
+
     retrying = tenacity.Retrying(
+        before_sleep=first_failure,
         stop=tenacity.stop_after_delay(deadline),
         wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
         retry=tenacity.retry_if_exception_type((RuntimeError, OSError)),

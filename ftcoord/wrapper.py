@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from ftcoord import env, log
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.errors import FatalError, FtcoordError, JobFinished, Superseded
+from ftcoord.errors import FatalError, FtcoordError, JobFinished, StoreUnavailable, Superseded
 
 if TYPE_CHECKING:
     from ftcoord.participant import Participant
@@ -155,9 +155,14 @@ class Wrapper:
             RestartsExhausted: more than max_restarts in-process restarts.
             QuorumTimeout: too few processes to form a generation.
             Superseded: this process was replaced while it was paused; it must exit.
+            SystemExit: one line, at once, when this process is a worker of torchrun's agent (see
+                `env.torchrun_refusal`), or when no store answered within connect_timeout.
         """
         from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
 
+        refusal = env.torchrun_refusal()
+        if refusal is not None:
+            raise SystemExit(refusal)
         env.die_with_launcher()
         log_dir = self.log_dir or os.environ.get(env.LOG_DIR_ENV)
         participant = self._participant()
@@ -165,7 +170,7 @@ class Wrapper:
             log.configure(Path(log_dir) / f"slot{participant.slot}-{os.getpid()}.jsonl")
         elif not log.is_configured():
             log.configure(None)
-        participant.start()
+        self._start(participant)
         logger = log.get_logger(component="wrapper", slot=participant.slot, incarnation=participant.incarnation)
         restore_signal = self._install_sigterm(participant)
         pg_store = participant.clone_store()
@@ -236,6 +241,22 @@ class Wrapper:
         finally:
             restore_signal()
             participant.close(leaving=leaving)
+
+    def _start(self, participant: Participant) -> None:
+        """Connect, saying within a second which store is being waited for and where its address came from
+        (a store that is not there cost 30 silent seconds and a C++ stack trace)."""
+        source = "from Wrapper(store=...)" if self.store else env.store_source()
+        waiting = log.get_logger(component="wrapper", slot=participant.slot)
+
+        def on_wait(error: BaseException) -> None:
+            waiting.warning("store_waiting", store=str(participant.address), source=source,
+                            deadline_s=participant.timing.connect_timeout, error=str(error)[:200])
+
+        try:
+            participant.start(on_wait)
+        except StoreUnavailable as exc:
+            waiting.error("store_unavailable", store=str(participant.address), source=source)
+            raise SystemExit(f"ftcoord: {exc} (the address is {source})") from exc
 
     def _install_sigterm(self, participant: Participant) -> Callable[[], None]:
         """SIGTERM asks the whole job to stop at a step boundary (see CallWrapper.should_stop)."""

@@ -4,11 +4,7 @@ training package with Adam). Real launcher, real warm standby, real kill."""
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,49 +13,11 @@ import torch
 
 from chaos.metrics import read_logs
 from ftcoord import StoreServer
-from tests.helpers.cluster import REPO
-from tests.helpers.train_runs import TrainingRun, child_env, train_args
+from tests.helpers.script_runs import ScriptRun, slot_pid
+from tests.helpers.train_runs import TrainingRun, train_args
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def slot_pid(logs: Path, slot: int) -> int:
-    """The pid of the slot's newest process, from the launcher's log."""
-    started = [e for e in read_logs(logs, ("child_started",)) if e["slot"] == slot]
-    assert started, f"slot {slot} never started"
-    return int(started[-1]["pid"])
-
-
-class Quickstart:
-    """`ftcoord-launch ... -- python examples/quickstart.py`, its output read as it comes."""
-
-    def __init__(self, out: Path, store: str, job_id: str, steps: int) -> None:
-        out.mkdir(parents=True)
-        self.logs, self.final = out / "logs", out / "final.pt"
-        command = [sys.executable, "-m", "ftcoord.launch", "--store", store, "--job-id", job_id, "--nproc", "2",
-                   "--log-dir", str(self.logs), "--", sys.executable, "examples/quickstart.py",
-                   "--steps", str(steps), "--save", str(self.final)]
-        self.proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **child_env(out, [])}, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)  # type: ignore[arg-type]
-        self._reader.start()
-
-    def printed(self, pattern: str) -> list[tuple[int, ...]]:
-        return [tuple(int(g) for g in m.groups()) for line in list(self.lines) if (m := re.match(pattern, line))]
-
-    def wait(self, timeout: float = 120) -> str:
-        try:
-            self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._reader.join(10)
-        output = "".join(self.lines)
-        assert self.proc.returncode == 0, output[-3000:]
-        return output
 
 
 PROGRESS = r"step (\d+): loss"
@@ -72,9 +30,10 @@ def test_quickstart_survives_the_death_of_rank_0_with_nothing_lost(
     """The quickstart restarted both ranks at step 0 when rank 0 died: the fresh replacement broadcast its
     fresh weights over the survivor's. With call.heal the survivor is the source."""
     steps = 1500
-    reference = Quickstart(tmp_path / "ref", store_server.address, f"{job_id}-ref", steps)
+    args = ["--steps", str(steps), "--save", "final.pt"]
+    reference = ScriptRun(tmp_path / "ref", store_server.address, f"{job_id}-ref", "examples/quickstart.py", args)
     reference.wait()
-    run = Quickstart(tmp_path / "run", store_server.address, job_id, steps)
+    run = ScriptRun(tmp_path / "run", store_server.address, job_id, "examples/quickstart.py", args)
     wait_until(lambda: any(s >= 500 for s, in run.printed(PROGRESS)), 90, "rank 0 to pass step 500")
     os.kill(slot_pid(run.logs, 0), signal.SIGKILL)  # slot 0 holds rank 0
     run.wait()
@@ -85,7 +44,7 @@ def test_quickstart_survives_the_death_of_rank_0_with_nothing_lost(
     assert all(start >= 500 for g, _, world, start in starts if g >= 2), starts
     healed = [e for e in read_logs(run.logs, ("state_healed",)) if e["generation"] == 2]
     assert healed and all(e["source"] == 1 and e["receivers"] == [0] for e in healed), healed
-    ours, theirs = torch.load(run.final, weights_only=True), torch.load(reference.final, weights_only=True)
+    ours, theirs = (torch.load(r.out / "final.pt", weights_only=True) for r in (run, reference))
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), "final parameters differ from the fault-free run"
 

@@ -1,0 +1,116 @@
+"""A user's own loop (examples/own_loop.py, the DDP tutorial's Trainer): exactly once through a kill of rank 0
+and through a world-size change; under torchrun a clear refusal; a missing store said at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from chaos.metrics import read_logs
+from chaos.samples import check_samples, read_samples
+from ftcoord import StoreServer
+from tests.helpers.cluster import REPO
+from tests.helpers.script_runs import ScriptRun, slot_pid
+from tests.helpers.train_runs import child_env
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+SIZE, EPOCHS = 2048, 30  # 32 steps an epoch on 2 ranks (batch 32 each), 64 on one
+SCRIPT = "examples/own_loop.py"
+STARTS = r"generation (\d+): rank (\d+) of (\d+) at epoch (\d+), sample (\d+) of \d+ \(step (\d+)\)"
+
+
+def args(*extra: str) -> list[str]:
+    return [str(EPOCHS), "10", "--dataset-size", str(SIZE), "--sample-log", "samples", *extra]
+
+
+def test_rank_0_killed_mid_epoch_every_sample_once_and_bit_identical(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    reference = ScriptRun(tmp_path / "ref", store_server.address, f"{job_id}-ref", SCRIPT, args("--save", "final.pt"))
+    reference.wait()
+    run = ScriptRun(tmp_path / "run", store_server.address, job_id, SCRIPT, args("--save", "final.pt"))
+    wait_until(lambda: any(r["epoch"] >= 12 and r["step"] % 32 == 13 for r in read_samples(run.out / "samples")[0]),
+               90, "epoch 12 to be under way")
+    killed_at = time.monotonic()
+    os.kill(slot_pid(run.logs, 0), signal.SIGKILL)  # slot 0 holds rank 0
+    run.wait()
+    check = check_samples(run.out / "samples", SIZE, EPOCHS)
+    assert check.passed, check.problems
+    assert len(check.redone) <= 1 and check.world_sizes == [2, 2], (check.redone, check.world_sizes)
+    starts = [s for s in run.printed(STARTS) if s[0] == 2]
+    assert len(starts) == 2 and len({s[3:] for s in starts}) == 1, f"the members disagree on the position: {starts}"
+    _, _, _, epoch, sample, step = starts[0]
+    assert epoch >= 12 and 0 < sample < SIZE, f"generation 2 should resume mid-epoch, not at {epoch}/{sample}"
+    back = min(r["mono"] for r in read_samples(run.out / "samples")[0] if r["generation"] == 2)
+    print(f"\nrank 0 killed at epoch {epoch}: generation 2 resumed at sample {sample} (step {step}), "
+          f"first step {back - killed_at:.2f} s after the kill, {len(check.redone)} step(s) redone")
+    ours, theirs = (torch.load(r.out / "final.pt", weights_only=True) for r in (run, reference))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "final parameters differ from the fault-free run"
+
+
+def test_two_to_one_to_two_keeps_every_sample_once(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Without a launcher: slot 1 is SIGKILLed and not replaced, slot 0 goes on alone (re-sharding the rest of its
+    epoch over one rank), then slot 1 comes back as a fresh process and is healed to the position."""
+    env = {**os.environ, **child_env(tmp_path, []), "FTCOORD_STORE": store_server.address, "FTCOORD_JOB_ID": job_id,
+           "FTCOORD_WORLD_SIZE": "2", "FTCOORD_LOG_DIR": str(tmp_path / "logs")}
+
+    def start(slot: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, str(REPO / SCRIPT), *args()], cwd=tmp_path,
+                                env={**env, "FTCOORD_SLOT": str(slot)}, stdout=open(tmp_path / f"slot{slot}.out", "ab"),
+                                stderr=subprocess.STDOUT)
+
+    def trained(world: int, at_least: int) -> bool:
+        return sum(r["world_size"] == world for r in read_samples(tmp_path / "samples")[0]) >= at_least
+
+    first, second = start(0), start(1)
+    try:
+        wait_until(lambda: trained(2, 2 * 150), 90, "150 steps at world size 2")
+        second.kill()
+        wait_until(lambda: trained(1, 100), 90, "slot 0 to train 100 steps alone")
+        second = start(1)
+        assert first.wait(180) == 0 and second.wait(60) == 0, (tmp_path / "slot0.out").read_text()[-3000:]
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+    check = check_samples(tmp_path / "samples", SIZE, EPOCHS)
+    assert check.passed, check.problems
+    sizes = [s for i, s in enumerate(check.world_sizes) if i == 0 or s != check.world_sizes[i - 1]]
+    assert sizes == [2, 1, 2], check.world_sizes
+    healed = [e for e in read_logs(tmp_path / "logs", ("state_healed",)) if e["receivers"]]
+    assert healed, "the returning slot should have been healed from the survivor"
+
+
+def test_under_torchrun_ftcoord_refuses_in_one_line(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    result = subprocess.run([str(torchrun), "--nproc-per-node", "1", str(REPO / SCRIPT), "1", "1"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=90,
+                            env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    assert result.returncode != 0
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "does not run under torchrun" in line]
+    assert said and "ftcoord-launch --embedded-store --nproc N" in said[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stdout, "the worker should say one line, not a traceback"
+
+
+def test_a_store_that_is_not_there_is_named_at_once_with_where_its_address_came_from(tmp_path: Path) -> None:
+    env = {**os.environ, "FTCOORD_STORE": "127.0.0.1:9", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # nothing listens on 9
+    proc = subprocess.Popen([sys.executable, str(REPO / "examples/quickstart.py"), "--steps", "5"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and "store_waiting" not in line:
+            line = proc.stdout.readline()
+        assert "127.0.0.1:9" in line and "from FTCOORD_STORE" in line, line
+    finally:
+        proc.kill()
+        proc.wait()
