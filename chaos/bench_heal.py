@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from chaos.bench_recovery import summary
 from ftcoord.heal import heal
+from ftcoord.state_tree import digest, flatten
 
 METHODS = ("old", "new", "raw", "raw_warm")
 
@@ -54,9 +55,7 @@ def _state(rank: int) -> tuple[dict[str, Any], int]:
 
 
 def _digest(objects: dict[str, Any]) -> str:
-    from ftcoord.heal import _flatten, state_digest
-
-    return state_digest(_flatten(objects))
+    return digest(flatten(objects))
 
 
 def old_heal(objects: dict[str, Any], step: int) -> None:
@@ -85,9 +84,7 @@ def old_heal(objects: dict[str, Any], step: int) -> None:
 
 
 def _state_bytes(objects: dict[str, Any]) -> int:
-    from ftcoord.heal import _flatten
-
-    return sum(t.numel() * t.element_size() for t in _flatten(objects).tensors)
+    return sum(t.numel() * t.element_size() for t in flatten(objects).tensors)
 
 
 def member_main(argv: list[str]) -> int:

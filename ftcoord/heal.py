@@ -25,35 +25,28 @@ for any set of objects with `state_dict()`/`load_state_dict()` and for plain ten
    that does not exist yet on a fresh process (Adam's moments before its first step) is created by
    the object's own code, on the device the object wants it.
 
-The fingerprint of a tensor is not a cryptographic hash (which runs at ~0.8 GB/s on one CPU core and
-would need CUDA tensors copied to the host): its bytes are read as 64-bit words laid out in rows of
-1024, and the row sums and the column sums (mod 2^64, on the tensor's own device) are hashed. Any
-difference confined to one row or one column changes it; only a difference that cancels in every
-row and every column at once goes unseen. Equal steps with different state are rare (fresh weights
-from different seeds, a warm start): this check decides only whether to skip a transfer.
+The skeleton, the tensors and the digests are `ftcoord.state_tree`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ftcoord.errors import FatalError
+from ftcoord.state_tree import StateTree, as_bytes, check_objects, digest, flatten, rebuild, tensor_paths
 
 NO_STATE = -1
 """The step of a member that holds nothing worth sharing (any negative step means the same)."""
 
-_TENSOR = "\x00ftcoord:tensor"  # a tensor's place in a skeleton: (_TENSOR, index)
 _DIRECT_BYTES = 1 << 20  # tensors this large travel on their own (in place); smaller ones are packed
 _ALIGN = 16  # packed tensors start at multiples of the largest element size (complex128)
-_ROW_WORDS = 1024
 
 
 class StateMismatch(FatalError):
@@ -73,110 +66,6 @@ class HealReport:
     bytes: int = 0
     """Bytes this member sent to each receiver or received (tensors and skeleton); 0 when it took no part."""
     seconds: float = 0.0
-
-
-@dataclass
-class _Flat:
-    """A member's objects as one skeleton (tensors replaced by their index) and the tensors in order."""
-
-    skeleton: dict[str, Any]
-    tensors: list[torch.Tensor] = field(default_factory=list)
-    paths: list[tuple[Any, ...]] = field(default_factory=list)
-
-    def meta(self) -> list[tuple[str, tuple[int, ...], str]]:
-        return [(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.device.type) for t in self.tensors]
-
-
-def _flatten(objects: Mapping[str, Any]) -> _Flat:
-    flat = _Flat({})
-
-    def strip(value: Any, path: tuple[Any, ...]) -> Any:
-        if isinstance(value, torch.Tensor):
-            flat.tensors.append(value.detach())
-            flat.paths.append(path)
-            return (_TENSOR, len(flat.tensors) - 1)
-        if isinstance(value, dict):
-            out = type(value)() if type(value) in (dict, _OrderedDict) else {}
-            for key, item in value.items():
-                out[key] = strip(item, (*path, key))
-            metadata = getattr(value, "_metadata", None)  # nn.Module's state_dict versions
-            if metadata is not None:
-                out._metadata = metadata  # type: ignore[attr-defined]
-            return out
-        if isinstance(value, (list, tuple)):
-            items = [strip(item, (*path, i)) for i, item in enumerate(value)]
-            return items if isinstance(value, list) else tuple(items)
-        return value
-
-    for name in sorted(objects):
-        obj = objects[name]
-        flat.skeleton[name] = strip(obj if isinstance(obj, torch.Tensor) else obj.state_dict(), (name,))
-    return flat
-
-
-def _rebuild(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == _TENSOR:
-        return tensors[value[1]]
-    if isinstance(value, dict):
-        out = type(value)()
-        for key, item in value.items():
-            out[key] = _rebuild(item, tensors)
-        metadata = getattr(value, "_metadata", None)
-        if metadata is not None:
-            out._metadata = metadata
-        return out
-    if isinstance(value, (list, tuple)):
-        items = [_rebuild(item, tensors) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
-
-
-_OrderedDict = type(torch.nn.Module().state_dict())
-
-
-def check_objects(objects: Mapping[str, Any]) -> None:
-    """Every value is a tensor or has state_dict() and load_state_dict() (a TypeError naming it otherwise)."""
-    for name, obj in objects.items():
-        if not isinstance(name, str):
-            raise TypeError(f"call.heal: object names must be strings, got {name!r}")
-        if isinstance(obj, torch.Tensor):
-            continue
-        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-            raise TypeError(f"call.heal: {name!r} is a {type(obj).__name__}, which has no state_dict() and "
-                            f"load_state_dict(); pass a module, optimizer, scheduler, tensor or any object with both")
-
-
-# -- digests --------------------------------------------------------------------------------------
-
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's storage as a 1-D uint8 tensor (a view, no copy, when it can be)."""
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
-
-
-def fingerprint(tensor: torch.Tensor) -> bytes:
-    """Row and column sums of the tensor's 64-bit words, on its own device (see the module docstring)."""
-    data = _as_bytes(tensor.detach())
-    words = data.numel() // 8
-    rows = words // _ROW_WORDS
-    h = hashlib.blake2b(digest_size=16)
-    if rows:
-        grid = data[: rows * _ROW_WORDS * 8]
-        if grid.storage_offset() % 8:  # a view at an odd offset cannot be read as int64 in place
-            grid = grid.clone()
-        grid = grid.view(torch.int64).view(rows, _ROW_WORDS)
-        h.update(grid.sum(dim=1).cpu().numpy().tobytes())
-        h.update(grid.sum(dim=0).cpu().numpy().tobytes())
-    h.update(data[rows * _ROW_WORDS * 8:].cpu().numpy().tobytes())
-    return h.digest()
-
-
-def state_digest(flat: _Flat) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(flat.skeleton).encode())
-    for meta, tensor in zip(flat.meta(), flat.tensors, strict=True):
-        h.update(repr(meta).encode())
-        h.update(fingerprint(tensor))
-    return h.hexdigest()
 
 
 # -- the transfer ------------------------------------------------------------------------------------
@@ -223,7 +112,7 @@ class _Wire:
             dist.destroy_process_group(self.group)
 
 
-def _send_skeleton(wire: _Wire, device: torch.device, flat: _Flat | None) -> tuple[dict[str, Any], int]:
+def _send_skeleton(wire: _Wire, device: torch.device, flat: StateTree | None) -> tuple[dict[str, Any], int]:
     """The source's skeleton and tensor metadata on every participant, and its size in bytes (StateMismatch
     on all if it cannot travel safely)."""
     size = torch.zeros(1, dtype=torch.int64, device=device)
@@ -273,14 +162,14 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     return count * torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
-def _send_tensors(wire: _Wire, device: torch.device, flat: _Flat) -> None:
+def _send_tensors(wire: _Wire, device: torch.device, flat: StateTree) -> None:
     direct, offsets, total = _layout(flat.meta(), device.type)
     for i in direct:
         wire.move(flat.tensors[i].contiguous())
     if total:
         packed = torch.zeros(total, dtype=torch.uint8, device=device)
         for i, offset in offsets.items():
-            data = _as_bytes(flat.tensors[i])
+            data = as_bytes(flat.tensors[i])
             packed[offset:offset + data.numel()].copy_(data)
         wire.move(packed)
 
@@ -352,10 +241,10 @@ def heal(objects: Mapping[str, Any], step: int) -> HealReport:
     if steps[source] < 0:
         return HealReport(None, step, seconds=time.perf_counter() - started)
     tied = [r for r in range(world) if steps[r] == steps[source]]
-    flat = _flatten(objects)
+    flat = flatten(objects)
     digests = [""] * world
     if len(tied) > 1:
-        dist.all_gather_object(digests, state_digest(flat) if rank in tied else "")
+        dist.all_gather_object(digests, digest(flat) if rank in tied else "")
     receivers = tuple(r for r in range(world)
                       if r != source and (steps[r] != steps[source] or digests[r] != digests[source]))
     if not receivers:
@@ -371,7 +260,7 @@ def heal(objects: Mapping[str, Any], step: int) -> HealReport:
                 _send_tensors(wire, device, flat)
             else:
                 mine = dict(zip(flat.paths, flat.tensors, strict=True))
-                paths = _paths(message["skeleton"])
+                paths = tensor_paths(message["skeleton"])
                 tensors = _receive_tensors(wire, device, message["tensors"], mine, paths)
                 with torch.no_grad():
                     _load(objects, message["skeleton"], tensors)
@@ -391,28 +280,9 @@ def _check_names(everyone: list[tuple[int, list[str]]]) -> None:
                         f"names on every rank")
 
 
-def _paths(skeleton: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """The path of every tensor in a skeleton, by index (the same walk `_flatten` makes)."""
-    found: dict[int, tuple[Any, ...]] = {}
-
-    def walk(value: Any, path: tuple[Any, ...]) -> None:
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == _TENSOR:
-            found[value[1]] = path
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, (*path, key))
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, (*path, i))
-
-    for name, state in skeleton.items():
-        walk(state, (name,))
-    return [found[i] for i in range(len(found))]
-
-
 def _load(objects: Mapping[str, Any], skeleton: dict[str, Any], tensors: list[torch.Tensor]) -> None:
     for name, obj in objects.items():
-        state = _rebuild(skeleton[name], tensors)
+        state = rebuild(skeleton[name], tensors)
         if isinstance(obj, torch.Tensor):
             if state.shape != obj.shape or state.dtype != obj.dtype:
                 raise StateMismatch(f"call.heal: tensor {name!r} is {tuple(obj.shape)} {obj.dtype} here but "

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ftcoord import StoreAddress, connect
-from ftcoord.heal import HealReport, StateMismatch, heal, state_digest
+from ftcoord.heal import HealReport, StateMismatch, heal
+from ftcoord.state_tree import digest, flatten
 
 DATA = torch.Generator().manual_seed(99)
 BATCH = torch.randn(8, 6, generator=DATA)
@@ -99,9 +100,7 @@ def _pointers(objects: dict[str, Any]) -> list[int]:
 
 
 def _digests(objects: dict[str, Any]) -> dict[str, str]:
-    from ftcoord.heal import _flatten
-
-    return {name: state_digest(_flatten({name: obj})) for name, obj in objects.items()}
+    return {name: digest(flatten({name: obj})) for name, obj in objects.items()}
 
 
 def _report(report: HealReport) -> dict[str, Any]:
