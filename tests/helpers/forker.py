@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 
+import torch._dynamo  # noqa: F401 - what every optimizer's constructor imports (~2 s)
+
 import ftcoord  # noqa: F401 - the expensive import, done once before any fork
 import training.loop  # noqa: F401
 from tests.helpers import allreduce_job, member  # noqa: F401 - preloaded for the children

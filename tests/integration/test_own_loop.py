@@ -16,7 +16,7 @@ import torch
 from chaos.metrics import read_logs
 from chaos.samples import check_samples, read_samples
 from ftcoord import StoreServer
-from tests.helpers.cluster import REPO
+from tests.helpers.cluster import REPO, Forker
 from tests.helpers.script_runs import ScriptRun, slot_pid
 from tests.helpers.train_runs import child_env
 from tests.helpers.wait import wait_until
@@ -57,16 +57,22 @@ def test_rank_0_killed_mid_epoch_every_sample_once_and_bit_identical(
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "final parameters differ from the fault-free run"
 
 
-def test_two_to_one_to_two_keeps_every_sample_once(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+def test_two_to_one_to_two_keeps_every_sample_once(
+    forker: Forker, store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
     """Without a launcher: slot 1 is SIGKILLed and not replaced, slot 0 goes on alone (re-sharding the rest of its
-    epoch over one rank), then slot 1 comes back as a fresh process and is healed to the position."""
-    env = {**os.environ, **child_env(tmp_path, []), "FTCOORD_STORE": store_server.address, "FTCOORD_JOB_ID": job_id,
+    epoch over one rank), then slot 1 comes back as a fresh process and is healed to the position. The one that
+    comes back is forked with torch imported (tests/helpers/forker.py), so it joins long before slot 0, alone,
+    could finish (30 epochs: ~1,400 steps at world size 1 left when it starts)."""
+    env = {**child_env(tmp_path, []), "FTCOORD_STORE": store_server.address, "FTCOORD_JOB_ID": job_id,
            "FTCOORD_WORLD_SIZE": "2", "FTCOORD_LOG_DIR": str(tmp_path / "logs")}
+    argv = [str(REPO / SCRIPT), "30", "10", "--dataset-size", str(SIZE), "--sample-log", str(tmp_path / "samples"),
+            "--snapshot", str(tmp_path / "snapshot.pt")]
 
     def start(slot: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, str(REPO / SCRIPT), *args()], cwd=tmp_path,
-                                env={**env, "FTCOORD_SLOT": str(slot)}, stdout=open(tmp_path / f"slot{slot}.out", "ab"),
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, *argv], cwd=tmp_path, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env, "FTCOORD_SLOT": str(slot)},
+                                stdout=open(tmp_path / f"slot{slot}.out", "ab"))
 
     def trained(world: int, at_least: int) -> bool:
         return sum(r["world_size"] == world for r in read_samples(tmp_path / "samples")[0]) >= at_least
@@ -75,14 +81,17 @@ def test_two_to_one_to_two_keeps_every_sample_once(store_server: StoreServer, jo
     try:
         wait_until(lambda: trained(2, 2 * 100), 90, "100 steps at world size 2")
         second.kill()
-        wait_until(lambda: trained(1, 80), 90, "slot 0 to train 80 steps alone")
-        second = start(1)
-        assert first.wait(180) == 0 and second.wait(60) == 0, (tmp_path / "slot0.out").read_text()[-3000:]
+        wait_until(lambda: trained(1, 40), 90, "slot 0 to train 40 steps alone")
+        back = forker.spawn(argv, tmp_path / "slot1-back.out", "tests.helpers.script_member",
+                            {**env, "FTCOORD_SLOT": "1"})
+        assert first.wait(180) == 0, (tmp_path / "slot0.out").read_text()[-3000:]  # a plain exit: no abort in teardown
+        wait_until(lambda: back in forker.exited(), 60, "slot 1's second process to finish")
+        assert forker.exited()[back] == 0, (tmp_path / "slot1-back.out").read_text()[-3000:]
     finally:
         for p in (first, second):
             if p.poll() is None:
                 p.kill()
-    check = check_samples(tmp_path / "samples", SIZE, EPOCHS)
+    check = check_samples(tmp_path / "samples", SIZE, 30)
     assert check.passed, check.problems
     sizes = [s for i, s in enumerate(check.world_sizes) if i == 0 or s != check.world_sizes[i - 1]]
     assert sizes == [2, 1, 2], check.world_sizes

@@ -8,6 +8,7 @@ from ftcoord import StoreServer, connect, job_store, keys
 from ftcoord.decisions import LeaderClaim
 from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
+from tests.helpers.wait import wait_until
 
 
 class FakeClock:
@@ -107,3 +108,14 @@ def test_leader_claim_round_trips() -> None:
     assert LeaderClaim.parse(b"3:2:7") == LeaderClaim(3, 2, 7)
     assert str(LeaderClaim.parse("3:released")) == "3:released"
     assert LeaderClaim.parse("3:released").slot is None
+
+
+def test_a_stopped_heartbeat_has_left_its_store_wait(store_server: StoreServer, job_id: str) -> None:
+    """A process that exits while its heartbeat thread sits in a C++ store wait can abort in the interpreter's
+    teardown ("terminate called without an active exception": a plain `python examples/own_loop.py` did)."""
+    store = job_store(connect(store_server.address), job_id)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=4, interval=0.5)
+    heartbeat.start()
+    wait_until(lambda: int(store.add(keys.heartbeat(4), 0)) > 0, 10, "the first beat")  # then it waits a whole interval
+    heartbeat.stop()
+    assert not heartbeat._thread.is_alive(), "stop() returned while the thread was still in a store wait"
