@@ -20,6 +20,8 @@ from ftcoord.store import wait_for_key
 
 # Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a
 # generation, or finished and waiting for the others to finish).
+_SLICE_S = 1.0  # the longest store wait of the heartbeat thread: how long `stop` may have to wait for it
+
 WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/ftcoord/generation.py")
 
 
@@ -79,12 +81,23 @@ class Heartbeat:
             frame = frame.f_back
         return False
 
+    def _wait_for_probe(self, number: int) -> bool:
+        """Wait up to one interval for probe `number`, in slices of at most a second (so `stop` is prompt)."""
+        deadline = time.monotonic() + self._interval
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if wait_for_key(self._store, keys.probe(number), min(left, _SLICE_S)):
+                return True
+        return False
+
     def _run(self) -> None:
         """Beat every interval, and at once when a leader asks (a probe: ftcoord.evidence)."""
         try:
             asked = int(self._store.add(keys.PROBE, 0))
             while not self._stop.is_set():
-                if wait_for_key(self._store, keys.probe(asked + 1), self._interval):
+                if self._wait_for_probe(asked + 1):
                     asked = int(self._store.add(keys.PROBE, 0))
                 if self._stop.is_set():
                     return
@@ -96,13 +109,13 @@ class Heartbeat:
             self._log.error("heartbeat_failed", error=str(exc))
 
     def stop(self) -> None:
-        """Stop beating, and wait (up to one interval and a second) for the thread to leave its store wait:
+        """Stop beating, and wait (up to one wait slice and a second) for the thread to leave its store wait:
         a process that exits while a thread still sits inside a C++ store call can abort in the
         interpreter's teardown ("terminate called without an active exception", seen on a plain
         `python script.py` without ftcoord-launch, whose processes skip that teardown)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(self._interval + 1.0)
+            self._thread.join(min(self._interval, _SLICE_S) + 1.0)
 
 
 class LivenessObserver:

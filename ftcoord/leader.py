@@ -151,7 +151,8 @@ class LeaderDuty:
         read_at = time.monotonic()  # before the read: a dead mark older than this is seen
         facts = read_facts(self._store, slots)
         for slot, fact in facts.items():
-            self._observer.observe(f"hb/{slot}", fact.heartbeat)
+            # With the incarnation: a new one gets a timeout of its own (register bumps it before the counter).
+            self._observer.observe(f"hb/{slot}", (fact.incarnation, fact.heartbeat))
             # The announced incarnation too: a new announcement starts at beat 0, like the last one may have.
             self._observer.observe(f"replacing/{slot}", (fact.replacing, fact.replacing_beat))
         return read_at, facts

@@ -182,3 +182,31 @@ def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
     term = int(get_or_none(leader.store, keys.LEADER).decode().split(":")[0])  # type: ignore[union-attr]
     assert get_or_none(leader.store, keys.fence(2)) == f"{term}:{outsider.incarnation}".encode()
     assert get_or_none(leader.store, keys.fence(1)) == b"0"  # the healthy member is left alone
+
+
+def test_a_replacement_gets_a_full_timeout_of_its_own_before_it_can_be_fenced(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    """Registering bumps the incarnation before the heartbeat counter (ftcoord.slots.register): a leader that
+    read between the two, judging the slot's counter alone, saw the new incarnation silent since the old one
+    hung and fenced it at once (seen in the pause scenario: a replacement killed 0.05 s after it started).
+    The incarnation is held here at that point: registered, not yet counted."""
+    policy = QuorumPolicy(2)
+    leader = start(participants, store_server.address, job_id, 0, policy)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    member = start(participants, store_server.address, job_id, 1, policy)
+    outsider = start(participants, store_server.address, job_id, 2, policy)
+    join_together(leader, member)
+    outsider.heartbeat.stop()  # it hangs, and is fenced
+    wait_until(lambda: get_or_none(leader.store, keys.fence(2)) not in (None, b"0"), 4 * FAST.heartbeat_timeout,
+               "the hung outsider to be fenced")
+    replacement = int(leader.store.add(keys.incarnation(2), 1))  # register()'s first write, and nothing more
+    registered = time.monotonic()
+    old_fence = get_or_none(leader.store, keys.fence(2))
+    while time.monotonic() - registered < 0.7 * FAST.heartbeat_timeout:  # an absence: shown over a window
+        assert get_or_none(leader.store, keys.fence(2)) == old_fence, "the replacement was fenced before its timeout"
+        time.sleep(0.02)
+    # It never beats: after a full timeout of its own it is a hung outsider like any other.
+    wait_until(lambda: get_or_none(leader.store, keys.fence(2)) != old_fence, 4 * FAST.heartbeat_timeout,
+               "the silent replacement to be fenced after its own timeout")
+    assert get_or_none(leader.store, keys.fence(2)).decode().endswith(f":{replacement}")  # type: ignore[union-attr]
