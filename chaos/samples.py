@@ -1,18 +1,25 @@
 """Exactly once for a user's own loop: a sample log the loop writes, and the check that reads it.
 
-The loop records, for every step it committed, the ids of the samples this rank trained (what the
-batch held, as the dataset returned them, not what a sampler says it handed out):
+The loop records, for every step it attempts, the ids of the samples this rank's batch holds (as the
+dataset returned them, not what a sampler says it handed out), **before** the step's forward pass:
 
     log = SampleLog(directory, slot)          # one file per process: samples-<slot>-<pid>.jsonl
     log.record(epoch, step, rank, world_size, generation, ids)
 
+Why before: a step that any rank commits went through an all-reduce to which every rank had
+contributed its gradient, so every rank had written its line already; a line written after the
+commit would be missing whenever a rank died between its commit and its write (a kill of rank 0 left
+one rank's share of the last step without evidence in 1 of 3 runs). A step that no member committed
+(a peer died inside it) is trained again by the next generation: the lines of the latest generation
+that recorded a step are the ones the model kept, and `redone` lists the steps trained again (at most
+one per fault).
+
 `check_samples(directory, size, epochs)` then proves, from those lines alone, that every sample of
-every epoch was trained exactly once (no repeat, no skip, no id outside the dataset), that no
-process's step or epoch ever went backwards, and names each problem. A step recorded in two
-generations was redone: a rank that died may have committed a step its peers had not (it got the
-all-reduce's last bytes, they did not), and the next generation trains that step again from the
-survivors' state. The later generation's lines are the ones the model kept; `redone` counts such
-steps (at most one per fault). A torn line (a process killed
+every epoch was trained exactly once (no repeat, no skip, no id outside the dataset) and that no
+process's position went backwards (within a generation it only moves forward; a later generation may
+start at the step the last one was interrupted in, never before), and names each problem. A torn
+line in the middle of a file is a problem; a torn *last* line is a process that died inside its write,
+before its forward pass, so nothing it describes was trained (`torn_last` counts them). A torn line (a process killed
 inside its write) is a problem: the evidence for that step is incomplete. `chaos check-samples DIR
 --size N --epochs E` is the same check from the command line.
 """
@@ -56,6 +63,8 @@ class SampleCheck:
     """Distinct global steps seen."""
     redone: list[tuple[int, int]] = field(default_factory=list)
     """(epoch, step) of each step trained again by a later generation."""
+    torn_last: int = 0
+    """Files whose last line is torn: processes that died inside the write."""
     world_sizes: list[int] = field(default_factory=list)
     """The world size of each generation, in order."""
     trained_per_epoch: dict[int, int] = field(default_factory=dict)
@@ -65,33 +74,39 @@ class SampleCheck:
         return not self.problems
 
 
-def read_samples(directory: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every complete line under a directory, in time order, and a problem for each torn one."""
-    records, problems = [], []
+def read_samples(directory: str | Path) -> tuple[list[dict[str, Any]], list[str], int]:
+    """Every complete line under a directory, in time order, a problem for each torn line inside a file,
+    and how many files end in a torn line (see the module docstring)."""
+    records, problems, torn_last = [], [], 0
     for path in files_under(directory, "samples-*.jsonl"):
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(keepends=True), 1):
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        for number, line in enumerate(lines, 1):
             try:
                 if not line.endswith("\n"):
                     raise ValueError("no newline")
                 records.append(json.loads(line))
             except ValueError:
-                problems.append(f"{path.name} line {number} is torn: that step's evidence is incomplete")
-    return sorted(records, key=lambda r: r["mono"]), problems
+                if number == len(lines):
+                    torn_last += 1
+                else:
+                    problems.append(f"{path.name} line {number} is torn, and lines follow it: only a death "
+                                    f"inside the last write tears a line")
+    return sorted(records, key=lambda r: r["mono"]), problems, torn_last
 
 
 def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
     """Every sample of every epoch exactly once, positions never backwards; see the module docstring."""
-    records, problems = read_samples(directory)
-    check = SampleCheck(problems)
+    records, problems, torn_last = read_samples(directory)
+    check = SampleCheck(problems, torn_last=torn_last)
     if not records:
         check.problems.append(f"no sample log under {directory}: nothing to check (did the loop write one?)")
         return check
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
-    per_process: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    per_process: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
     generations: dict[int, int] = {}
     last_generation: dict[tuple[int, int], int] = {}
     for r in records:
-        per_process[(r["slot"], r["pid"])].append((r["epoch"], r["step"]))
+        per_process[(r["slot"], r["pid"])].append((r["generation"], r["epoch"], r["step"]))
         generations[r["generation"]] = r["world_size"]
         position = (r["epoch"], r["step"])
         last_generation[position] = max(last_generation.get(position, r["generation"]), r["generation"])
@@ -103,10 +118,12 @@ def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
     check.steps = len(last_generation)
     check.world_sizes = [generations[g] for g in sorted(generations)]
     for (slot, pid), positions in per_process.items():
-        back = [(a, b) for a, b in zip(positions, positions[1:], strict=False) if b <= a]
+        back = [(a, b) for a, b in zip(positions, positions[1:], strict=False)
+                if b[1:] < a[1:] or (b[1:] == a[1:] and b[0] <= a[0])]
         if back:
-            check.problems.append(f"slot {slot} (pid {pid}) went backwards: (epoch, step) {back[0][0]} then "
-                                  f"{back[0][1]}")
+            (_, *was), (_, *then) = back[0]
+            check.problems.append(f"slot {slot} (pid {pid}) went backwards: (epoch, step) {tuple(was)} then "
+                                  f"{tuple(then)}")
     for epoch in range(epochs):
         seen = per_epoch.get(epoch, Counter())
         check.trained_per_epoch[epoch] = sum(seen.values())

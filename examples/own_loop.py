@@ -78,12 +78,12 @@ class Trainer:
         self.sampler.set_epoch(epoch)  # keeps the position when resuming this epoch
         for ids, source, targets in self.train_data:
             call.check()  # ftcoord: leave at a step boundary if a peer died, hung or rejoined
+            self._record(call, epoch, ids)
             self._run_batch(ddp, source, targets)
             self.sampler.step()  # ftcoord: this global batch is consumed
             self.step += 1
             call.step = self.step  # ftcoord
             call.ping()  # ftcoord
-            self._record(call, epoch, ids)
 
     def train(self, call: CallWrapper, max_epochs: int) -> None:
         call.init_process_group()  # ftcoord: this generation's group
@@ -99,14 +99,15 @@ class Trainer:
                 print(f"epoch {epoch}: snapshot saved at step {self.step}", flush=True)
 
     def _record(self, call: CallWrapper, epoch: int, ids: torch.Tensor) -> None:
-        """The evidence for `chaos check-samples` (only with --sample-log)."""
+        """The evidence for `chaos check-samples` (only with --sample-log), written before the step's forward
+        pass: see chaos.samples for why."""
         if self.sample_log is None:
             return
         if self._log is None:
             from chaos.samples import SampleLog
 
             self._log = SampleLog(self.sample_log, call.slot)
-        self._log.record(epoch, self.step - 1, call.rank, call.world_size, call.iteration, ids.tolist())
+        self._log.record(epoch, self.step, call.rank, call.world_size, call.iteration, ids.tolist())
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ def test_a_correct_run_passes(tmp_path: Path) -> None:
     ("skip", "never trained"),
     ("outside", "outside the dataset"),
     ("backwards", "went backwards"),
-    ("torn", "is torn"),
+    ("torn", "is torn, and lines follow it"),
     ("missing epoch", "epoch 1: 8 samples never trained"),
 ])
 def test_each_planted_fault_fails_by_name(tmp_path: Path, plant: str, says: str) -> None:
@@ -64,9 +64,10 @@ def test_each_planted_fault_fails_by_name(tmp_path: Path, plant: str, says: str)
     elif plant == "missing epoch":
         records = [r for r in records if r["epoch"] == 0]
     rewrite(tmp_path, records)
-    if plant == "torn":
-        with (tmp_path / "samples-0-1.jsonl").open("a") as f:
-            f.write('{"epoch": 1, "st')
+    if plant == "torn":  # a torn line with lines after it: no death explains it
+        path = tmp_path / "samples-0-1.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join([*lines[:2], '{"epoch": 1, "st', *lines[2:]]))
     check = check_samples(tmp_path, SIZE, 2)
     assert not check.passed and any(says in p for p in check.problems), check.problems
 
@@ -87,3 +88,25 @@ def test_a_step_redone_by_a_later_generation_counts_once(tmp_path: Path) -> None
 def test_no_log_at_all_is_a_failure(tmp_path: Path) -> None:
     check = check_samples(tmp_path, SIZE, 1)
     assert not check.passed and "nothing to check" in check.problems[0]
+
+
+def test_a_torn_last_line_is_a_death_inside_the_write_and_not_a_gap(tmp_path: Path) -> None:
+    """Lines are written before the step's forward pass: a process killed inside its write contributed no
+    gradient to that step, which the next generation then trains again."""
+    write_run(tmp_path)
+    with (tmp_path / "samples-1-999.jsonl").open("w") as f:
+        f.write('{"epoch": 1, "step": 3, "ra')
+    check = check_samples(tmp_path, SIZE, 2)
+    assert check.passed and check.torn_last == 1, check.problems
+
+
+def test_a_process_may_redo_the_step_its_last_generation_was_interrupted_in(tmp_path: Path) -> None:
+    records = write_run(tmp_path)
+    again = [dict(r, generation=2, mono=r["mono"] + 100) for r in records if r["step"] == 3]
+    for r in records:
+        if r["step"] == 3:
+            r["ids"] = [0, 1]  # what generation 1 attempted there no longer counts: generation 2 trained it
+    rewrite(tmp_path, [*records, *again])
+    check = check_samples(tmp_path, SIZE, 2)
+    assert check.passed, check.problems
+    assert check.redone == [(1, 3)]
