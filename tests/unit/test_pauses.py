@@ -164,11 +164,10 @@ def test_a_dead_leader_duty_thread_ends_its_process(
     assert "leader" in died[0] and "store connection lost" in died[0]
 
 
-def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
-    store_server: StoreServer, job_id: str, participants: list[Participant]
-) -> None:
-    """A process that hung while it was not a member (joining, or a hot spare) used to be judged by nobody:
-    never fenced, never replaced, its capacity lost for good."""
+def fenced_outsider(store_server: StoreServer, job_id: str,
+                    participants: list[Participant]) -> tuple[Participant, Participant]:
+    """Slots 0 (leading) and 1 form a generation; slot 2 hangs before it ever joins and is fenced.
+    Returns (leader, outsider)."""
     policy = QuorumPolicy(2)
     leader = start(participants, store_server.address, job_id, 0, policy)
     wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
@@ -179,6 +178,15 @@ def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
     outsider.heartbeat.stop()  # it hangs (SIGSTOP, a deadlock) before it ever joins
     wait_until(lambda: get_or_none(leader.store, keys.fence(2)) not in (None, b"0"), 4 * FAST.heartbeat_timeout,
                "the hung outsider to be fenced")
+    return leader, outsider
+
+
+def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    """A process that hung while it was not a member (joining, or a hot spare) used to be judged by nobody:
+    never fenced, never replaced, its capacity lost for good."""
+    leader, outsider = fenced_outsider(store_server, job_id, participants)
     term = int(get_or_none(leader.store, keys.LEADER).decode().split(":")[0])  # type: ignore[union-attr]
     assert get_or_none(leader.store, keys.fence(2)) == f"{term}:{outsider.incarnation}".encode()
     assert get_or_none(leader.store, keys.fence(1)) == b"0"  # the healthy member is left alone
@@ -191,15 +199,7 @@ def test_a_replacement_gets_a_full_timeout_of_its_own_before_it_can_be_fenced(
     read between the two, judging the slot's counter alone, saw the new incarnation silent since the old one
     hung and fenced it at once (seen in the pause scenario: a replacement killed 0.05 s after it started).
     The incarnation is held here at that point: registered, not yet counted."""
-    policy = QuorumPolicy(2)
-    leader = start(participants, store_server.address, job_id, 0, policy)
-    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
-    member = start(participants, store_server.address, job_id, 1, policy)
-    outsider = start(participants, store_server.address, job_id, 2, policy)
-    join_together(leader, member)
-    outsider.heartbeat.stop()  # it hangs, and is fenced
-    wait_until(lambda: get_or_none(leader.store, keys.fence(2)) not in (None, b"0"), 4 * FAST.heartbeat_timeout,
-               "the hung outsider to be fenced")
+    leader, _ = fenced_outsider(store_server, job_id, participants)
     replacement = int(leader.store.add(keys.incarnation(2), 1))  # register()'s first write, and nothing more
     registered = time.monotonic()
     old_fence = get_or_none(leader.store, keys.fence(2))
