@@ -7,10 +7,12 @@ across hosts, so clock skew cannot kill a healthy process or keep a dead one ali
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 
 import torch.distributed as dist
 
@@ -71,7 +73,7 @@ class Heartbeat:
         """
         if self._training_thread is None:
             return False
-        frame = sys._current_frames().get(self._training_thread)
+        frame = frame_of(self._training_thread)
         for _ in range(4):
             if frame is None:
                 return False
@@ -116,6 +118,24 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(min(self._interval, _SLICE_S) + 1.0)
+
+
+def frame_of(thread_id: int) -> FrameType | None:
+    """The current frame of another thread, without CPython 3.11's deadlock (python/cpython#106883).
+
+    `sys._current_frames()` holds the runtime's thread-list lock while it allocates; an allocation can
+    start a garbage collection whose finalizers take that lock again, and the thread then waits forever
+    holding the GIL: the whole process froze (seen: a unit test stuck for 10 minutes, its timeout
+    unable to fire; in a rank, every thread stops and the rank is fenced as hung). 3.12 disables the
+    collector around the call; so do we, leaving it as we found it.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames().get(thread_id)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class LivenessObserver:

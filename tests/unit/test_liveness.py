@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
+
+import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys
 from ftcoord.decisions import LeaderClaim
@@ -119,3 +122,29 @@ def test_a_stopped_heartbeat_has_left_its_store_wait(store_server: StoreServer, 
     wait_until(lambda: int(store.add(keys.heartbeat(4), 0)) > 0, 10, "the first beat")  # then it waits a whole interval
     heartbeat.stop()
     assert not heartbeat._thread.is_alive(), "stop() returned while the thread was still in a store wait"
+
+
+def test_reading_another_threads_frame_keeps_the_collector_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython 3.11's sys._current_frames() can deadlock with a garbage collection started inside it
+    (python/cpython#106883): a heartbeat thread froze a whole process, GIL held. The collector must be off
+    during the read and as it was after (a user who disabled it keeps it disabled)."""
+    import gc
+    import sys
+
+    from ftcoord.heartbeat import frame_of
+
+    real, seen = sys._current_frames, []
+
+    def recording() -> dict:
+        seen.append(gc.isenabled())
+        return real()
+
+    monkeypatch.setattr(sys, "_current_frames", recording)
+    assert frame_of(threading.get_ident()) is not None
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        frame_of(threading.get_ident())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
