@@ -31,6 +31,7 @@ The skeleton, the tensors and the digests are `ftcoord.state_tree`.
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -156,14 +157,12 @@ def _layout(meta: list[tuple[str, tuple[int, ...], str]], wire_type: str) -> tup
 
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return math.prod(shape) * getattr(torch, dtype).itemsize
 
 
-def _send_tensors(wire: _Wire, device: torch.device, flat: StateTree) -> None:
-    direct, offsets, total = _layout(flat.meta(), device.type)
+def _send_tensors(wire: _Wire, device: torch.device, flat: StateTree,
+                  meta: list[tuple[str, tuple[int, ...], str]]) -> None:
+    direct, offsets, total = _layout(meta, device.type)
     for i in direct:
         wire.move(flat.tensors[i].contiguous())
     if total:
@@ -257,7 +256,7 @@ def heal(objects: Mapping[str, Any], step: int) -> HealReport:
             message, moved = _send_skeleton(wire, device, flat if rank == source else None)
             moved += sum(_nbytes(dtype, shape) for dtype, shape, _ in message["tensors"])
             if rank == source:
-                _send_tensors(wire, device, flat)
+                _send_tensors(wire, device, flat, message["tensors"])
             else:
                 mine = dict(zip(flat.paths, flat.tensors, strict=True))
                 paths = tensor_paths(message["skeleton"])

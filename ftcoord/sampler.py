@@ -58,10 +58,10 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
     def step(self, world_size: int | None = None) -> None:
         """One step committed on every rank: the position moves past its global batch (`world_size`:
         the current process group's unless given)."""
-        sizes = self._global_batches(world_size or self._world()[1])
-        if not sizes:
+        size = self._next_global_batch(world_size or self._world()[1])
+        if not size:
             raise RuntimeError(f"ElasticBatchSampler.step(): epoch {self.epoch} has no sample left to consume")
-        self.consumed += sizes[0]
+        self.consumed += size
 
     @property
     def epoch_done(self) -> bool:
@@ -69,7 +69,7 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self.epoch_done_at(self._world()[1])
 
     def epoch_done_at(self, world_size: int) -> bool:
-        return not self._global_batches(world_size)
+        return not self._next_global_batch(world_size)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "size": self.size,
@@ -98,6 +98,16 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
+
+    def _next_global_batch(self, world: int) -> int:
+        """The size of the next global batch at this world size (0: the epoch is done): the first of
+        `_global_batches`, without listing the rest (this runs at every step)."""
+        full, tail = divmod(self.size - self.consumed, self.batch_size * world)
+        if full > 1 or (full == 1 and (tail == 0 or tail >= world)):
+            return self.batch_size * world
+        if full == 1:
+            return self.batch_size * world + tail  # the tiny rest joins it
+        return tail if tail >= world else 0
 
     def _global_batches(self, world: int) -> list[int]:
         """Sizes of the global batches that cover the rest of the epoch at this world size."""
@@ -128,4 +138,6 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
             start += size
 
     def __len__(self) -> int:
-        return len(self._global_batches(self._world()[1]))
+        world = self._world()[1]
+        full, tail = divmod(self.size - self.consumed, self.batch_size * world)
+        return full + (tail >= world)

@@ -10,28 +10,18 @@ the second heal finds every member matching and moves nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 from ftcoord import CallWrapper
-from ftcoord.heal import NO_STATE
+from ftcoord.heal import NO_STATE, HealReport
 from training.checkpoint.base import Loaded
 from training.state import TrainState
 
 
-@dataclass
-class HealReport:
-    source: int | None
-    """Rank whose state everyone now holds (None: nobody held state, nothing was loaded)."""
-    step: int
-    receivers: list[int] = field(default_factory=list)
-    loaded_from: str | None = None
-    """Set when no member held state and a checkpoint was read."""
-    bytes: int = 0
-    seconds: float = 0.0
-
-
-def heal(call: CallWrapper, state: TrainState, load_checkpoint: Callable[[], Loaded | None]) -> HealReport:
-    """Make every member hold the most advanced state; returns what was done."""
+def heal(call: CallWrapper, state: TrainState,
+         load_checkpoint: Callable[[], Loaded | None]) -> tuple[HealReport, str | None]:
+    """Make every member hold the most advanced state; returns what was done (the seconds of both heals
+    when a checkpoint was read) and the checkpoint read, if this rank read one."""
     objects = {"model": state.model, "optimizer": state.optimizer, "scheduler": state.scheduler}
     step = call.heal(objects, state.step if state.has_state else NO_STATE)
     assert call.last_heal is not None
@@ -46,5 +36,4 @@ def heal(call: CallWrapper, state: TrainState, load_checkpoint: Callable[[], Loa
         step = call.heal(objects, state.step)
         seconds += call.last_heal.seconds
     state.step, state.has_state = step, True
-    last = call.last_heal
-    return HealReport(last.source, step, list(last.receivers), loaded_from, last.bytes, seconds)
+    return replace(call.last_heal, seconds=seconds), loaded_from

@@ -81,14 +81,14 @@ class Trainer:
         call.init_process_group()
         rank, world = call.rank, call.world_size
         local_batch(config.global_batch, world)  # the leader only picks divisors; guard anyway
-        report = heal(call, state, self._load_checkpoint)
+        report, loaded_from = heal(call, state, self._load_checkpoint)
         call.step = state.step
         # What the verifier needs to replay this generation exactly: the configuration, the gradient
         # reduction and the intra-op threads (a matmul may round differently with another count).
         self.ledger.write("generation", generation=call.iteration, rank=rank, world_size=world,
                           members=list(call.members), start_step=state.step, heal_source=report.source,
-                          heal_receivers=report.receivers, heal_bytes=report.bytes,
-                          heal_s=round(report.seconds, 4), loaded_from=report.loaded_from,
+                          heal_receivers=list(report.receivers), heal_bytes=report.bytes,
+                          heal_s=round(report.seconds, 4), loaded_from=loaded_from,
                           restarts=call.restarts, config_hash=self.config_hash, trajectory=config.trajectory(),
                           grad_reduction=config.grad_reduction, threads=torch.get_num_threads())
         self._double_step_pending = self.planted_bug == DOUBLE_STEP_AFTER_RESUME and state.step > 0
