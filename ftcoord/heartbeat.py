@@ -45,10 +45,16 @@ class Heartbeat:
         self._published_progress = ""
         self.beats = 0
         self.failed: BaseException | None = None
+        self._asked = 0  # the newest probe answered
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-heartbeat-{slot}", daemon=True)
         self._log = get_logger(component="heartbeat", slot=slot)
 
     def start(self) -> None:
+        """Beat once and start the thread. The probe counter is read here, before the beat, and not by the
+        thread: a probe asked before the read is answered by this beat, one asked after it is waited for.
+        (Read by the thread, a probe asked while the thread was still starting was missed, and the
+        member stayed silent for a whole interval: a live process would have been declared gone.)"""
+        self._asked = int(self._store.add(keys.PROBE, 0))
         self.beat()
         self._thread.start()
 
@@ -97,10 +103,9 @@ class Heartbeat:
     def _run(self) -> None:
         """Beat every interval, and at once when a leader asks (a probe: ftcoord.evidence)."""
         try:
-            asked = int(self._store.add(keys.PROBE, 0))
             while not self._stop.is_set():
-                if self._wait_for_probe(asked + 1):
-                    asked = int(self._store.add(keys.PROBE, 0))
+                if self._wait_for_probe(self._asked + 1):
+                    self._asked = int(self._store.add(keys.PROBE, 0))
                 if self._stop.is_set():
                     return
                 self.beat()

@@ -107,6 +107,31 @@ def test_a_heartbeat_thread_answers_a_probe_at_once_whatever_its_interval(store_
         heartbeat.stop()
 
 
+def test_a_probe_asked_while_the_heartbeat_thread_starts_is_answered(store_server: StoreServer, job_id: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy machine starts a thread late: a leader's probe asked after `start()` returned but before the thread
+    ran must still be answered at once (CI: a thread that read the probe counter itself missed it, and stayed
+    silent for its whole 30 s interval)."""
+    asked = threading.Event()
+    run = Heartbeat._run
+
+    def late_run(self: Heartbeat) -> None:
+        asked.wait(10.0)
+        run(self)
+
+    monkeypatch.setattr(Heartbeat, "_run", late_run)
+    store = job_store(connect(store_server.address), job_id)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=5, interval=30.0)
+    heartbeat.start()
+    try:
+        before = int(store.add(keys.heartbeat(5), 0))
+        Probe(store).ask(generation=1)
+        asked.set()
+        wait_until(lambda: int(store.add(keys.heartbeat(5), 0)) > before, 5.0, "an answer to the probe")
+    finally:
+        heartbeat.stop()
+
+
 def test_leader_claim_round_trips() -> None:
     assert LeaderClaim.parse(b"3:2:7") == LeaderClaim(3, 2, 7)
     assert str(LeaderClaim.parse("3:released")) == "3:released"
