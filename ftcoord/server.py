@@ -7,7 +7,6 @@ listen on every interface, and the store has no authentication.
 
 from __future__ import annotations
 
-import errno
 import json
 import socket
 import subprocess
@@ -19,41 +18,20 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
-from ftcoord.errors import PortInUse, StoreUnavailable
+from ftcoord.errors import StoreUnavailable
+from ftcoord.listen import bind_listen_socket
 from ftcoord.reap import wait_killed
 
 DEFAULT_HOST = DEFAULT_STORE_HOST
 DEFAULT_PORT = DEFAULT_STORE_PORT
 
 
-def bind_listen_socket(host: str, port: int) -> socket.socket:
-    """Bind and listen on host:port; port 0 picks a free one.
-
-    Raises:
-        PortInUse: the port is taken on that host.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise PortInUse(
-                f"port {port} on {host} is already in use; stop the process holding it "
-                f"(`ss -ltnp 'sport = :{port}'`) or pick another --port (0 picks a free one)"
-            ) from exc
-        raise
-    sock.listen(512)
-    return sock
-
-
 class StoreServer:
     """A TCPStore server in this process, listening on a socket we bound ourselves."""
 
-    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-        sock = bind_listen_socket(host, port)
+    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sock: socket.socket | None = None) -> None:
+        """`sock`: a socket already listening on host:port (`ftcoord.listen`); bound here when not given."""
+        sock = sock or bind_listen_socket(host, port)
         self.host = host
         self.port: int = sock.getsockname()[1]
         # TCPStore owns the descriptor from here on (and closes it).

@@ -12,6 +12,7 @@ import threading
 from ftcoord import arguments, log
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse
+from ftcoord.listen import bind_listen_socket
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,18 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-file", default=None, help="also write JSON-lines events here")
     parser.add_argument("--quiet", action="store_true", help="no terminal log (stdout ready line only)")
     args = parser.parse_args(argv)
-    from ftcoord.server import StoreServer  # torch: only once the flags parsed
-
-    log.configure(args.log_file, console=not args.quiet)
-    logger = log.get_logger(component="store")
     try:
-        server = StoreServer(args.host, args.port)
+        sock = bind_listen_socket(args.host, args.port)
     except PortInUse as exc:
         print(f"ftcoord-store: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"ftcoord-store: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 2
+    from ftcoord.server import StoreServer  # torch: only once the port is ours
+
+    log.configure(args.log_file, console=not args.quiet)
+    logger = log.get_logger(component="store")
+    server = StoreServer(args.host, sock.getsockname()[1], sock=sock)
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

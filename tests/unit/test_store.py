@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ftcoord import ConfigError, PortInUse, StoreAddress, StoreServer, StoreUnavailable, connect, job_store, mark_dead
 from ftcoord.address import check_job_id
-from ftcoord.server import bind_listen_socket
+from ftcoord.listen import bind_listen_socket
 
 
 def free_port() -> int:
