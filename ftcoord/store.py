@@ -107,11 +107,23 @@ def read_int(store: dist.Store, key: str) -> int:
 
 
 def wait_for_key(store: dist.Store, key: str, timeout: float) -> bool:
-    """Wait up to `timeout` seconds for a key to exist; True when it does."""
+    """Wait up to `timeout` seconds for a key to exist; True when it does.
+
+    A store wait can end before its key exists: TCPStore wakes every waiter of a key whenever anyone
+    compare_sets it, even a compare that sets nothing (`get_or_none` of the absent key). Seen: an operator's
+    `ftcoord status` reading a generation's absent interrupt key interrupted that generation every second.
+    So the key is checked after every wake, and the wait goes on for the rest of the timeout.
+    """
     if timeout <= 0:
         return bool(store.check([key]))
-    try:
-        store.wait([key], timedelta(seconds=timeout))
-        return True
-    except dist.DistStoreError:
-        return store.check([key])
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return bool(store.check([key]))
+        try:
+            store.wait([key], timedelta(seconds=left))
+        except dist.DistStoreError:
+            return bool(store.check([key]))
+        if store.check([key]):
+            return True

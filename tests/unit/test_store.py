@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from ftcoord import ConfigError, PortInUse, StoreAddress, StoreServer, StoreUnavailable, connect, job_store, mark_dead
 from ftcoord.address import check_job_id
 from ftcoord.listen import bind_listen_socket
+from ftcoord.store import get_or_none, wait_for_key
 
 
 def free_port() -> int:
@@ -145,3 +147,25 @@ def test_get_or_none_never_blocks_on_a_key_deleted_meanwhile(store_server: Store
     started = time.monotonic()
     value = get_or_none(DeletesAfterCheck(), "k")  # type: ignore[arg-type]
     assert time.monotonic() - started < 1.0 and value in (b"v", None)
+
+
+def test_a_wait_ends_only_when_its_key_exists(store_server: StoreServer, job_id: str) -> None:
+    """TCPStore wakes a key's waiters when anyone compare_sets it, even without setting it: a reader's
+    get_or_none of an absent interrupt key interrupted a generation every second (ftcoord status)."""
+    waiter, reader = job_store(connect(store_server.address), job_id), job_store(connect(store_server.address), job_id)
+    found: list[bool] = []
+    thread = threading.Thread(target=lambda: found.append(wait_for_key(waiter, "gen/1/interrupt", 1.5)))
+    started = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert get_or_none(reader, "gen/1/interrupt") is None
+        time.sleep(0.05)
+    thread.join(10)
+    assert found == [False], "the wait reported a key that was never written"
+    assert time.monotonic() - started >= 1.4
+    thread = threading.Thread(target=lambda: found.append(wait_for_key(waiter, "gen/1/interrupt", 10.0)))
+    thread.start()
+    reader.set("gen/1/interrupt", "dead:slot=1")
+    thread.join(10)
+    assert found == [False, True]
