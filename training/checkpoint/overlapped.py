@@ -46,6 +46,11 @@ class OverlappedCheckpoint(CheckpointStrategy):
         payload = serialize(state.capture())
         snapshot = time.perf_counter()
         self._slots.acquire()  # backpressure: wait for a free in-flight slot
+        try:  # the save in flight while this one waited may have been the failure that ends it
+            self.raise_if_failing()
+        except CheckpointFailed:
+            self._slots.release()
+            raise
         header = json.dumps({"step": state.step, "world_size": world_size, "config_hash": self.config_hash,
                              "size": len(payload)}).encode() + b"\n"
         done = time.perf_counter()
