@@ -43,16 +43,23 @@ def _env() -> dict[str, str]:
 
 # -- overhead ----------------------------------------------------------------------------
 
-def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int) -> float:
-    """The median step time (s) of a 2-rank DDP probe after its warm-up."""
+def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, watched: bool = False) -> float:
+    """The median step time (s) of a 2-rank DDP probe after its warm-up (`watched`: with an operator's
+    `ftcoord status --watch` reading the job all along)."""
     job = f"bench-{mode}-{reduction}-{uuid.uuid4().hex[:6]}"
     files = [out / f"steps-{job}-{r}.json" for r in range(2)]
+    status = [sys.executable, "-m", "ftcoord.cli", "status", "--store", store, "--job", job, "--watch"]
+    watcher = subprocess.Popen(status, env=_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL) if watched else None
     procs = [subprocess.Popen([sys.executable, "-m", "chaos.bench_workers", "steps", "--mode", mode, "--reduction",
                                reduction, "--rank", str(r), "--store", store, "--job", job, "--out", str(files[r]),
                                "--steps", str(steps)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for r in range(2)]
     for p in procs:
         p.wait(600)
+    if watcher is not None:
+        watcher.terminate()
+        watcher.wait(30)
     return statistics.median(json.loads(files[0].read_text())["times"][steps // 5:])  # skip the warm-up
 
 

@@ -57,6 +57,15 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
         faults.add_row(f["kind"], str(f["slot"]), str(f["step"]), str(f["detect_s"]), str(f["recover_s"]),
                        str(f["full_recover_s"]))
     console.print(faults)
+    if report.get("incidents"):
+        incidents = Table(title="incidents (what each generation change cost, as `ftcoord status` shows it)",
+                          title_justify="left")
+        for column in ("generation", "cause", "detect s", "stall s", "lost steps", "cost s"):
+            incidents.add_column(column)
+        for i in report["incidents"]:
+            incidents.add_row(str(i["generation"]), str(i["cause"])[:40], str(i["detect_s"]), str(i["stall_s"]),
+                              str(i["lost_steps"]), str(i["cost_s"]))
+        console.print(incidents)
     for problem in report["problems"]:
         console.print(f"[red]problem:[/] {problem}")
     console.print(f"report: {run_dir / 'report.md'} (+ report.json, loss.png, timeline.png, goodput.png)")
@@ -133,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     camp.add_argument("--quiet", action="store_true", help="no progress lines")
     bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency, checkpoint stall, healing")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
-    bench.add_argument("--only", choices=["heal"], default=None,
+    bench.add_argument("--only", choices=["heal", "status"], default=None,
                        help="one measurement only: heal (~100M parameters + Adam healed to 1 and 2 fresh members, "
-                            "old pickled path vs call.heal vs a raw broadcast; ~12 GiB of memory, minutes)")
+                            "old pickled path vs call.heal vs a raw broadcast; ~12 GiB of memory, minutes); status "
+                            "(step time with and without `ftcoord status --watch` reading the job)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args(argv)
 
@@ -183,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                 from chaos.bench_heal import run_heal_bench
 
                 return run_heal_bench(args.out, 3 if args.quick else 5)
+            if args.only == "status":
+                from chaos.bench_status import run_status_bench
+
+                return run_status_bench(args.out, 3 if args.quick else 5)
             from chaos.bench import run_bench
 
             return run_bench(args.out, quick=args.quick)

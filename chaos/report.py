@@ -80,11 +80,22 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
         "generations": len(generations),
         "replayed_steps": verdict.replayed_steps,
         "faults": fault_timings(faults, records, logs, job.nproc),
+        "incidents": incidents(logs),
         "checkpoint": {"strategy": job.ckpt_strategy, "saves": len(checkpoints),
                        "stall_s_total": round(sum(c["stall_s"] for c in checkpoints), 4)},
         "divergence": drift,
         "problems": problems,
     }
+
+
+INCIDENT_FIELDS = ("generation", "previous", "cause", "witness", "world_size", "detect_s", "stall_s", "lost_steps",
+                   "step_s", "cost_s")
+
+
+def incidents(logs: Path) -> list[dict[str, Any]]:
+    """What each generation change cost, as its witness measured it (ftcoord.slot_report): the numbers
+    `ftcoord status` and the launcher's metrics show for the same faults."""
+    return [{k: e.get(k) for k in INCIDENT_FIELDS} for e in read_logs(logs, ("generation_changed",))]
 
 
 def write_report(run_dir: Path, report: dict[str, Any], ref_dir: Path) -> None:
@@ -132,6 +143,11 @@ def markdown(report: dict[str, Any]) -> str:
     for f in report["faults"]:
         lines.append(f"| {f['kind']} | {f['slot']} | {f['step']} | {f['detect_s']} | {f['recover_s']} | "
                      f"{f['full_recover_s']} |")
+    lines += ["", "## Incidents (what each generation change cost; the numbers `ftcoord status` shows)", "",
+              "| generation | cause | detect (s) | stall (s) | lost steps | cost (s) |", "|---|---|---|---|---|---|"]
+    for i in report.get("incidents", []):
+        lines.append(f"| {i['generation']} | {i['cause']} | {i['detect_s']} | {i['stall_s']} | {i['lost_steps']} | "
+                     f"{i['cost_s']} |")
     d = report["divergence"]
     lines += ["", "## Divergence from the reference", "",
               f"parameter L2 {d['param_l2']}, loss max diff {d['loss_max_diff']}, mean diff {d['loss_mean_diff']}, "

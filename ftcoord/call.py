@@ -138,8 +138,16 @@ class CallWrapper:
             )
 
     def ping(self) -> None:
-        """Progress heartbeat: a rank that stops pinging for progress_timeout is hung."""
+        """Progress heartbeat: a rank that stops pinging for progress_timeout is hung. Call it after each
+        committed step, with `step` set: operators see the step and steps/s (`ftcoord status`)."""
         self._participant.heartbeat.ping()
+        if self.step >= 0:
+            self._participant.report.committed(self.step)
+
+    def checkpoint_stall(self, seconds: float) -> None:
+        """Report that training stood still `seconds` for a checkpoint (the launcher's
+        `ftcoord_checkpoint_stall_seconds`); local only, published by the heartbeat thread."""
+        self._participant.report.checkpoint_stall(seconds)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:

@@ -8,6 +8,7 @@ across hosts, so clock skew cannot kill a healthy process or keep a dead one ali
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import threading
 import time
@@ -16,8 +17,9 @@ from types import FrameType
 
 import torch.distributed as dist
 
-from ftcoord import keys
+from ftcoord import jobs, keys
 from ftcoord.log import get_logger
+from ftcoord.slot_report import SlotReport
 from ftcoord.store import wait_for_key
 
 # Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a
@@ -35,8 +37,11 @@ class Heartbeat:
     is stuck can be told apart from a healthy one.
     """
 
-    def __init__(self, store: dist.Store, slot: int, interval: float) -> None:
+    def __init__(self, store: dist.Store, slot: int, interval: float, report: SlotReport | None = None) -> None:
         self._store = store
+        self.report = report
+        self._published_status = ""
+        self._first_commit_noted = False
         self._slot = slot
         self._interval = interval
         self._stop = threading.Event()
@@ -65,6 +70,21 @@ class Heartbeat:
         if progress != self._published_progress:
             self._store.set(keys.progress(self._slot), progress)
             self._published_progress = progress
+        if self.report is not None:
+            self._publish_report(self.report)
+
+    def _publish_report(self, report: SlotReport) -> None:
+        """The slot's status, when it changed, and the incidents this process measured (ftcoord.slot_report)."""
+        status = json.dumps(report.status(), separators=(",", ":"))
+        if status != self._published_status:
+            if report.step >= 0 and not self._first_commit_noted:
+                jobs.note_first_commit(self._store)
+                self._first_commit_noted = True
+            self._store.set(keys.status(self._slot), status)
+            self._published_status = status
+        for incident in report.take_incidents():
+            self._store.append(keys.INCIDENTS, incident.to_json() + "\n")
+            self._log.info("generation_changed", mono=time.monotonic(), **incident.__dict__)
 
     def ping(self) -> None:
         """Record training progress: a local increment, published by the next beat."""
@@ -189,6 +209,11 @@ class LivenessObserver:
         previous = self._seen.get(name)
         return (self._born <= moment and previous is not None and previous[1] <= moment
                 and previous[2] >= until)
+
+    def never_changed(self, name: str) -> bool:
+        """The counter has shown one value since this observer was born (its silence is a lower bound)."""
+        previous = self._seen.get(name)
+        return previous is None or previous[1] <= self._born
 
     def is_stale(self, name: str, timeout: float | None = None) -> bool:
         return self.silent_for(name) >= (self.timeout if timeout is None else timeout)

@@ -13,11 +13,24 @@ STOP = "stop"  # "generation:slot:incarnation" of the first process asked to sto
 FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
 PROBE = "probe"  # counter: how many times a leader asked every heartbeat thread to beat at once
+INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.jobs), for observers
+LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.jobs)
+INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.slot_report)
 
 
 def probe(asked: int) -> str:
     """Set when a leader asks, for the `asked`-th time, every live process to beat now (ftcoord.evidence)."""
     return f"probe/{asked}"
+
+
+def status(slot: int) -> str:
+    """JSON: the slot's live process's generation, rank, step, steps/s, restarts (ftcoord.slot_report)."""
+    return f"slot/{slot}/status"
+
+
+def launcher(slot: int) -> str:
+    """JSON: the launcher that runs the slot: host, pid, restarts by kind, its warm standby."""
+    return f"slot/{slot}/launcher"
 
 
 def registered(slot: int) -> str:

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=arguments.non_negative_float, default=DEFAULTS["grace_s"],
                         help="seconds children get after SIGTERM before SIGKILL")
     parser.add_argument("--log-dir", default=None, help="JSON-lines logs of the launcher and every process")
+    parser.add_argument("--metrics-port", type=arguments.port, default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged as "
+                        "metrics_serving); off unless given")
+    parser.add_argument("--metrics-host", default=DEFAULTS["metrics_host"],
+                        help="interface of the metrics endpoint; 0.0.0.0 exposes it to the network")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command of one process")
     return parser
 
@@ -87,6 +92,7 @@ def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespa
         first_slot=args.first_slot, world_size=args.world_size, max_restarts=args.max_restarts,
         restart_policy=args.restart_policy, warm_standby=args.warm_standby, grace_s=args.grace,
         log_dir=os.path.abspath(args.log_dir) if args.log_dir else None,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )
     return config, args
 
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     config, args = parse_config(argv)
     from ftcoord.server import StoreServer
     from ftcoord.store import connect, job_store
-    from ftcoord.supervisor import Supervisor
+    from ftcoord.supervisor import EXIT_USAGE, Supervisor
 
     log.configure(os.path.join(config.log_dir, "launcher.jsonl") if config.log_dir else None)
     logger = log.get_logger(component="launcher")
@@ -105,11 +111,22 @@ def main(argv: list[str] | None = None) -> int:
             server = StoreServer(args.store_host, args.store_port)
             config = LaunchConfig(**{**config.__dict__, "store": server.address})
             logger.info("embedded_store_ready", address=server.address)
-        client = job_store(connect(config.store), config.job_id)
+        base = connect(config.store)
+        client = job_store(base, config.job_id)
     except FtcoordError as exc:
         print(f"ftcoord-launch: {exc}", file=sys.stderr)
         return EXIT_FAILED
     supervisor = Supervisor(config, client)
+    if config.metrics_port is not None:
+        from ftcoord.metrics import LauncherMetrics
+
+        metrics = LauncherMetrics(job_store(base.clone(), config.job_id), config.job_id, config.slots,
+                                  lambda: {s.slot: dict(s.restart_kinds) for s in supervisor.slots.values()})
+        try:
+            metrics.serve(config.metrics_port, config.metrics_host)
+        except FtcoordError as exc:
+            print(f"ftcoord-launch: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda s, _: supervisor.terminate(s))
     logger.info("launcher_started", nproc=config.nproc, spares=config.spares, slots=config.slots,

@@ -36,6 +36,9 @@ class LaunchConfig:
     warm_standby: int = 1
     grace_s: float = 30.0
     log_dir: str | None = None
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: any free one; None: no metrics)."""
+    metrics_host: str = "127.0.0.1"
     poll_s: float = 0.02
 
     @property

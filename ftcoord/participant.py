@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import keys
+from ftcoord import jobs, keys
 from ftcoord.address import StoreAddress
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
@@ -16,6 +16,7 @@ from ftcoord.leader import LeaderDuty
 from ftcoord.log import get_logger
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.record import GenerationRecord
+from ftcoord.slot_report import SlotReport
 from ftcoord.slots import register, superseded
 from ftcoord.store import connect, job_store
 from ftcoord.watchdog import HelperWatch, exit_process
@@ -64,9 +65,12 @@ class Participant:
         self._base = base
         self.store = job_store(base, self.job_id)
         self.incarnation = register(self.store, self.slot)
+        jobs.list_job(base, self.store, self.job_id)
+        jobs.describe(self.store, self.timing)
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
         self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing)
-        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval)
+        self.report = SlotReport(self.slot)
+        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval, self.report)
         self.heartbeat.start()
         self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
                                  self.policy, self.progress_timeout)

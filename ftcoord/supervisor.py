@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import tenacity
 import torch.distributed as dist
 
-from ftcoord import env, keys, scratch
+from ftcoord import env, keys, launcher_report, scratch
 from ftcoord.decisions import LeaderClaim
 from ftcoord.heartbeat import mark_dead
 from ftcoord.launch_config import LaunchConfig
@@ -48,6 +49,8 @@ class SlotProcess:
     process: subprocess.Popen[bytes] | ForkedProcess | None = None
     incarnation: int = 0  # the incarnation the process gets when it registers
     restarts: int = 0
+    restart_kinds: Counter[str] = field(default_factory=Counter)
+    """Restarts by what ended the process before (ftcoord.launcher_report.RESTART_KINDS)."""
     restart_due: float | None = None
     from_standby: bool = False
     finished: bool = False
@@ -139,6 +142,14 @@ class Supervisor:
         slot.restart_due, slot.fence_killed = None, False
         self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
                        from_standby=slot.from_standby, restarts=slot.restarts)
+        self._report(slot)
+
+    def _report(self, slot: SlotProcess) -> None:
+        standby = self.standby
+        state = launcher_report.standby_state(self._use_standby, standby is not None and standby.alive,
+                                              standby is not None and standby.ready)
+        launcher_report.publish(self.store, slot.slot, slot.process.pid if slot.process else None,
+                                slot.restart_kinds, state)
 
     # -- the warm standby -----------------------------------------------------------------
 
@@ -160,6 +171,8 @@ class Supervisor:
         was_ready = self.standby.ready
         self.standby.pump()
         if self.standby.ready and not was_ready:
+            for slot in self.slots.values():
+                self._report(slot)
             self._log.info("standby_ready", pid=self.standby.process.pid, preloaded=self.standby.refused is None,
                            warmup_s=round(time.monotonic() - (self._standby_started or 0.0), 3))
             if self.standby.refused is not None:
@@ -272,6 +285,7 @@ class Supervisor:
             self._kill_all()
             return EXIT_RESTARTS_EXHAUSTED
         slot.restarts += 1
+        slot.restart_kinds[launcher_report.exit_kind(code, slot.fence_killed)] += 1
         state = tenacity.RetryCallState(None, None, (), {})
         state.attempt_number = slot.restarts - 1
         delay = 0.0 if slot.restarts == 1 else float(self._backoff(state))
@@ -333,6 +347,7 @@ class Supervisor:
         self._log.warning("job_restart", job_restarts=self.job_restarts)
         for slot in self.slots.values():
             slot.finished = False
+            slot.restart_kinds["job"] += 1
             self._start(slot, from_standby=False)
         return None
 

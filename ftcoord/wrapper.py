@@ -189,6 +189,8 @@ class Wrapper:
                     raise
                 call = CallWrapper(participant, record, restarts, pg_store, self.pg_timeout)
                 call.step = step
+                participant.report.joined(record.generation, call.rank, record.heal_source, record.start_step,
+                                          record.world_size)
                 logger.info("function_started", generation=record.generation, rank=call.rank,
                             world_size=record.world_size, restarts=restarts, mono=time.monotonic())
                 collateral = True
@@ -226,6 +228,8 @@ class Wrapper:
                     step = call.step
                 restarts += 1
                 own_failures += not collateral
+                participant.report.left(participant.monitor.reason or f"{type(cause).__name__}: {cause}"[:200],
+                                        restarts)
                 logger.warning("in_process_restart", generation=record.generation, restarts=restarts,
                                own_failure=not collateral, cause=f"{type(cause).__name__}: {cause}"[:500],
                                mono=time.monotonic(),

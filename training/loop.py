@@ -162,8 +162,10 @@ class Trainer:
     def _save(self, call: CallWrapper, world: int) -> None:
         assert self.checkpoint is not None
         self._saved_in[self.state.step] = call.iteration
+        started = time.monotonic()
         with call.atomic():
             self.checkpoint.save(self.state, world)
+        call.checkpoint_stall(time.monotonic() - started)
 
     def _checkpoint_durable(self, stats: SaveStats) -> None:
         """A save reached disk (for the background strategies: their write completed): now it counts."""

@@ -25,11 +25,12 @@ def slot_pid(logs: Path, slot: int) -> int:
 class ScriptRun:
     """`ftcoord-launch --store S --job-id J --nproc N -- python SCRIPT ARGS`, started in `out`."""
 
-    def __init__(self, out: Path, store: str, job_id: str, script: str, args: list[str], nproc: int = 2) -> None:
+    def __init__(self, out: Path, store: str, job_id: str, script: str, args: list[str], nproc: int = 2,
+                 launch_args: tuple[str, ...] = ()) -> None:
         out.mkdir(parents=True)
         self.out, self.logs = out, out / "logs"
         command = [sys.executable, "-m", "ftcoord.launch", "--store", store, "--job-id", job_id, "--nproc", str(nproc),
-                   "--log-dir", str(self.logs), "--", sys.executable, str(REPO / script), *args]
+                   "--log-dir", str(self.logs), *launch_args, "--", sys.executable, str(REPO / script), *args]
         self.proc = subprocess.Popen(command, cwd=out, env={**os.environ, **child_env(out, [])}, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[str] = []

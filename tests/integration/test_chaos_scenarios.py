@@ -35,6 +35,11 @@ def test_kill_boundary(tmp_path: Path) -> None:
     report = run("kill-boundary", tmp_path)
     assert report["correctness"]["bit_identical"] is True and report["restarts"] == 1
     assert report["faults"][0]["recover_s"] is not None
+    # The survivor measured what the kill cost, and its stall covers the fault's recovery (it starts at the
+    # last commit before the fault, the recovery at the fault itself).
+    [incident] = report["incidents"]
+    assert incident["witness"] != report["faults"][0]["slot"] and incident["lost_steps"] == 0
+    assert incident["stall_s"] >= report["faults"][0]["recover_s"] - 0.05
 
 
 def test_batchnorm_statistics_stay_exact_when_rank_0_dies(tmp_path: Path) -> None:
