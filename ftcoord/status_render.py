@@ -8,6 +8,7 @@ from rich.text import Text
 
 from ftcoord.status import JobView, SlotView
 
+_WIDTH = 79  # a line longer than the terminal wraps, and --watch's redraw jumps
 _STATE_STYLE = {"stale": "yellow", "fenced": "red", "dead": "red", "replacing": "yellow", "spare": "cyan",
                 "finished": "dim", "joining": "cyan"}
 
@@ -18,16 +19,16 @@ def render(view: JobView) -> Group:
 
 def _header(view: JobView) -> Text:
     leader = view.leader or {}
-    lead = "none" if leader.get("slot") is None else f"slot {leader['slot']} (term {leader['term']})"
+    lead = "none" if leader.get("slot") is None else f"{leader['slot']} (term {leader['term']})"
     target = "?" if view.target_world_size is None else str(view.target_world_size)
     ratio = "-" if view.effective_ratio is None else f"{view.effective_ratio:.1%}"
-    rate = "-" if view.steps_per_s is None else f"{view.steps_per_s:.2f}/s"
+    rate = "-" if view.steps_per_s is None else f"{view.steps_per_s:.1f}/s"
     step = "-" if view.step is None else str(view.step)
     text = Text()
     text.append(f"job {view.job}", style="bold")
     text.append(f"  {view.state}  generation {view.generation}  world {view.world_size}/{target}\n")
-    text.append(f"leader {lead}  step {step} at {rate}  incidents {view.incident_count} "
-                f"(lost {view.lost_s:.2f}s)  effective {ratio}")
+    text.append(f"leader {lead}  step {step} @ {rate}  incidents {view.incident_count}, lost {view.lost_s:.2f}s  "
+                f"effective {ratio}")
     return text
 
 
@@ -58,7 +59,8 @@ def _recent(view: JobView) -> list[Text]:
     lines = Text("\nrecent generations\n", style="bold")
     for g in view.recent:
         why = g["failed"] or g["interrupted"] or "current"
-        lines.append(f"  {g['generation']:>5}  world {g['world_size']:<3} members {g['members']}  {why}\n"[:160])
+        line = f"  {g['generation']:>5}  world {g['world_size']:<3} members {g['members']}  {why}"
+        lines.append(line[:_WIDTH] + "\n")
     return [lines]
 
 
@@ -68,5 +70,5 @@ def _incidents(view: JobView) -> list[Text]:
     lines = Text("incidents (what each generation change cost)\n", style="bold")
     for i in view.incidents:
         lines.append(f"  gen {i['generation']:>4}  stall {i['stall_s']:.2f}s  lost {i['lost_steps']} steps  "
-                     f"cost {i['cost_s']:.2f}s  {i['cause'][:30]}\n")
+                     f"cost {i['cost_s']:.2f}s  {i['cause']}"[:_WIDTH] + "\n")
     return [lines]
