@@ -331,7 +331,8 @@ class Supervisor:
     def _forget_unstarted_job(self) -> None:
         """Delete the keys this launcher wrote for a job that never started (nothing else knows them)."""
         for slot in self.config.slots:
-            for key in (keys.fence(slot), keys.replacing(slot), keys.incarnation(slot), keys.dead(slot)):
+            for key in (keys.fence(slot), keys.replacing(slot), keys.incarnation(slot), keys.dead(slot),
+                        keys.launcher(slot)):
                 self.store.delete_key(key)
 
     def _restart_job(self) -> int | None:

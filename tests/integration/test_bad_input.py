@@ -143,6 +143,6 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(row: Row, tmp_path: Pat
     assert not ckpt.exists() or not any(ckpt.glob("step_*")), "a checkpoint was written"
     if "{job}" in row.argv:
         keys = job_store(connect(store_server.address), job_id)
-        left = [k for k in ("slots", "slot/0/fence", "slot/0/incarnation", "slot/1/fence", "gen/current")
-                if keys.check([k])]
+        left = [k for k in ("slots", "slot/0/fence", "slot/0/incarnation", "slot/1/fence", "gen/current",
+                            "slot/0/launcher", "listed") if keys.check([k])]
         assert not left, f"a job that never started left keys in the store: {left}"

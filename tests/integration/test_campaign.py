@@ -41,7 +41,10 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
     spec, out = root / "tiny.toml", root / "out"
     spec.write_text(TINY)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first = subprocess.Popen(_command(spec, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # A suite started in the background by a shell without job control inherits SIGINT ignored, and so would
+    # the campaign: give it Ctrl-C's default back, as a terminal would.
+    first = subprocess.Popen(_command(spec, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: _finished(out), 150, "the first run of the campaign to finish")
     finally:
