@@ -186,9 +186,10 @@ class LivenessObserver:
         self._born = self._clock()
         self._seen.clear()
 
-    def observe(self, name: str, value: object) -> None:
-        """Feed the latest value of a counter (any value compared with `!=`)."""
-        now = self._clock()
+    def observe(self, name: str, value: object, at: float | None = None) -> None:
+        """Feed the latest value of a counter (any value compared with `!=`), read at `at` (this observer's
+        clock; now when not given)."""
+        now = self._clock() if at is None else at
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
             self._seen[name] = (value, now, now)

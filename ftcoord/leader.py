@@ -214,7 +214,7 @@ class LeaderDuty:
         current = current_generation(self._store)
         record = read_record(self._store, current) if current else None
         if record is not None and record.failed is None:
-            self._interrupt_if_member_dead(record, facts)
+            self._interrupt_if_member_dead(record, facts, read_at)
         self._fence_hung_outsiders(record, facts)
 
         generation = current + 1
@@ -232,11 +232,11 @@ class LeaderDuty:
     def _alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
         return not facts.is_gone(incarnation) and not self._observer.is_stale(f"hb/{facts.slot}")
 
-    def _interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts]) -> None:
+    def _interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts], read_at: float) -> None:
         if self._store.check([keys.interrupt(record.generation)]):
             return
         members = [(m, i, facts[m]) for m, i in zip(record.members, record.incarnations, strict=True) if m in facts]
-        hung = self._hung_members(record.generation, members)
+        hung = self._hung_members(record.generation, members, read_at)
         for member, inc, fact in members:
             if self._alive(fact, inc) and member not in hung:
                 continue
@@ -266,7 +266,7 @@ class LeaderDuty:
             if slot not in members and not fact.is_gone() and self._observer.is_stale(f"hb/{slot}"):
                 self._fence(slot, fact.incarnation, "heartbeat_stale")
 
-    def _hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]]) -> set[int]:
+    def _hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]], read_at: float) -> set[int]:
         """Members alive but making no progress for progress_timeout: the culprits only.
 
         Peers of a stuck rank block in their next collective and go silent too; those
@@ -279,7 +279,9 @@ class LeaderDuty:
         silent = []
         for member, _, fact in members:
             name = f"progress/{member}/{generation}"
-            self._observer.observe(name, fact.progress)
+            # Observed when it was read, not now: a duty thread paused between reading and judging (a GC) would
+            # otherwise count its own pause as the member's silence (CI: a healthy leader fenced itself as hung).
+            self._observer.observe(name, fact.progress, at=read_at)
             if self._observer.is_stale(name, self._progress_timeout):
                 silent.append(fact)
         culprits = [f for f in silent if not f.waiting]

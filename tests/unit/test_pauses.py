@@ -13,6 +13,7 @@ from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job
 from ftcoord.decisions import advance_current, read_record
 from ftcoord.errors import Superseded
 from ftcoord.leader import LeaderDuty
+from ftcoord.slots import SlotFacts
 from ftcoord.store import get_or_none
 from tests.helpers.wait import wait_until
 
@@ -210,3 +211,19 @@ def test_a_replacement_gets_a_full_timeout_of_its_own_before_it_can_be_fenced(
     wait_until(lambda: get_or_none(leader.store, keys.fence(2)) != old_fence, 4 * FAST.heartbeat_timeout,
                "the silent replacement to be fenced after its own timeout")
     assert get_or_none(leader.store, keys.fence(2)).decode().endswith(f":{replacement}")  # type: ignore[union-attr]
+
+
+def test_a_pause_between_reading_and_judging_is_not_a_members_silence(store_server: StoreServer,
+                                                                      job_id: str) -> None:
+    """Progress is judged as of when it was read: a leader duty paused after its read (a GC, a pause point)
+    and before its judgement must not count the pause as a healthy member's silence (CI: the leader of
+    test_a_leader_paused_after_its_leadership_check... fenced its own, healthy slot as hung)."""
+    duty = LeaderDuty(job_store(connect(store_server.address), job_id), 0, 1, FAST, QuorumPolicy(2),
+                      progress_timeout=0.5)
+    member = (1, 1, SlotFacts(1, 1, heartbeat=5, progress=7, waiting=False, dead=0, left=0, replacing=0))
+    first = time.monotonic()
+    assert duty._hung_members(1, [member], first) == set()
+    second = time.monotonic()  # read again: the member published nothing new in between (one beat apart)
+    time.sleep(0.8)  # paused between that read and the judgement, longer than the progress timeout
+    assert duty._hung_members(1, [member], second) == set(), "the leader's own pause was taken for silence"
+    assert duty._hung_members(1, [member], time.monotonic()) == {1}, "a real silence is still seen"
