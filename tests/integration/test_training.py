@@ -36,7 +36,10 @@ def test_kills_at_a_boundary_and_mid_step_end_bit_identical_to_a_fault_free_run(
     proof = run.verify(steps)
     assert proof.passed, proof.problems
     verdict = proof.verdict
-    assert proof.model.bit_identical is True and verdict.world_sizes == [2]
+    # Back at full size. A generation of 1 in between is allowed: at this test's fast timing a dead leader's
+    # peer may judge it gone by evidence (a closed connection, 0.15 s of silence) before its launcher has
+    # even reaped it and announced the replacement (seen once in CI; the demo checks [3] at its timing).
+    assert proof.model.bit_identical is True and verdict.world_sizes[-1] == 2 and len(verdict.world_sizes) <= 2
     assert verdict.final_digests == [reference.final_digest()]  # the real fault-free run agrees with the replay
     assert verdict.duplicates == verdict.missing == verdict.extra == 0 and verdict.epochs_checked == 3
 
