@@ -19,13 +19,11 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from ftcoord import keys
 from ftcoord.errors import PortInUse
 from ftcoord.launcher_report import RESTART_KINDS
 from ftcoord.log import get_logger
-from ftcoord.slot_report import STALL_BUCKETS, Incident, StallCounts
+from ftcoord.slot_report import STALL_BUCKETS, StallCounts
 from ftcoord.status import JobReader, JobView
-from ftcoord.store import get_or_none
 
 SAMPLE_S = 1.0
 
@@ -47,7 +45,6 @@ class LauncherMetrics:
     def __init__(self, store: dist.Store, job: str, slots: list[int],
                  restarts: Callable[[], Mapping[int, Mapping[str, int]]]) -> None:
         self._reader = JobReader(store, job)
-        self._store = store
         self._job = job
         self._slots = set(slots)
         self._restarts = restarts
@@ -88,14 +85,13 @@ class LauncherMetrics:
 
     def _sample(self) -> None:
         view = self._reader.read()
-        raw = (get_or_none(self._store, keys.INCIDENTS) or b"").decode().splitlines()
+        incidents = self._reader.incidents
         with self._lock:
             totals = self._totals
-            for line in raw[totals.incidents_seen:]:
-                incident = Incident.from_json(line)
+            for incident in incidents[totals.incidents_seen:]:
                 if incident.witness in self._slots:
                     totals.recoveries.observe(incident.stall_s)
-            totals.incidents_seen = len(raw)
+            totals.incidents_seen = len(incidents)
             for slot in view.slots:
                 if slot.slot not in self._slots or slot.in_process_restarts is None:
                     continue

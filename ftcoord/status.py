@@ -95,6 +95,8 @@ class JobReader:
         self.store = store
         self.job = job
         self._clock = clock
+        self.incidents: list[Incident] = []
+        """Every incident of the job, as of the last read (the view shows the newest)."""
         self._timed = False
         self.interval, self.timeout = 0.5, 5.0  # ftcoord.config.Timing's defaults, until the job says
         self._observer = LivenessObserver(self.timeout, clock)
@@ -138,7 +140,7 @@ class JobReader:
         claim_raw = get_or_none(store, keys.LEADER)
         claim = LeaderClaim.parse(claim_raw) if claim_raw else None
         slots = [self._slot(s, record) for s in registered_slots(store)]
-        incidents = _incidents(store)
+        incidents = self.incidents = _incidents(store)
         lost = round(sum(i.cost_s for i in incidents), 3)
         first = jobs.info(store).get("first_commit_unix")
         elapsed = time.time() - first if first else 0.0
