@@ -142,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     camp.add_argument("--quiet", action="store_true", help="no progress lines")
     bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency, checkpoint stall, healing")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
-    bench.add_argument("--only", choices=["heal", "status"], default=None,
+    bench.add_argument("--only", choices=["heal", "status", "store_restart"], default=None,
                        help="one measurement only: heal (~100M parameters + Adam healed to 1 and 2 fresh members, "
                             "old pickled path vs call.heal vs a raw broadcast; ~12 GiB of memory, minutes); status "
-                            "(step time with and without `ftcoord status --watch` reading the job)")
+                            "(step time with and without `ftcoord status --watch` reading the job); store_restart "
+                            "(steps trained while a SIGKILLed store is away, the stall a restart causes, the "
+                            "survivors' stall for a rank killed meanwhile, from the store's return; minutes)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args(argv)
 
@@ -197,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
                 from chaos.bench_status import run_status_bench
 
                 return run_status_bench(args.out, 3 if args.quick else 5)
+            if args.only == "store_restart":
+                from chaos.bench_store import run_store_bench
+
+                return run_store_bench(args.out, 3 if args.quick else 5)
             from chaos.bench import run_bench
 
             return run_bench(args.out, quick=args.quick)

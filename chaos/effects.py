@@ -15,6 +15,7 @@ read from the run's own ledger after the moment the fault was injected:
 | preempt                                           | the job stops at a step boundary, then resumes    |
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
 | slow                                              | nothing (it must not be taken for a death)        |
+| store-restart, store-hang                         | steps are committed while the store is away       |
 
 A pause may be shorter than the heartbeat timeout (ridden through: nobody restarts) or longer (the
 paused member is fenced and replaced, a paused spare is simply late): either way the job must commit
@@ -37,6 +38,7 @@ RESUME_FROM_CHECKPOINT = "the relaunched job resumes from a checkpoint"
 NOTHING = "nothing: the job trains on (a slow rank is not a fault)"
 TRAINS_ON = "the job trains on: a step is committed after it"
 SPARE_REPLACED = "its launcher replaces the hot spare it hit"
+TRAINS_THROUGH = "steps are committed while the store is away (the step path needs no store)"
 
 EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midstep": NEW_GENERATION,
            "kill-midreduce": NEW_GENERATION, "kill-follower": NEW_GENERATION,
@@ -44,7 +46,8 @@ EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midste
            "kill-leader": NEW_GENERATION, "hang": NEW_GENERATION, "early-restart": NEW_GENERATION,
            "lose": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
            "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING, "stuck": NEW_GENERATION,
-           "pause": TRAINS_ON, "pause-leader": TRAINS_ON}
+           "pause": TRAINS_ON, "pause-leader": TRAINS_ON, "store-restart": TRAINS_THROUGH,
+           "store-hang": TRAINS_THROUGH}
 
 
 def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -72,12 +75,13 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
             if not any(e["slot"] == event["slot"] and e["mono"] > event["mono"] for e in started):
                 problems.append(f"planned fault {name} hit slot {event['slot']}, a hot spare, and {effect} never "
                                 f"happened")
-        elif not _had_effect(effect, event, records, scenario.job.nproc):
+        elif not _had_effect(effect, event, records, scenario.job.nproc, planned.duration):
             problems.append(f"planned fault {name} had no effect: expected {effect} after it")
     return problems
 
 
-def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]], nproc: int) -> bool:
+def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]], nproc: int,
+                duration: float = 0.0) -> bool:
     at = event["mono"]
     before = max((r["generation"] for r in records if r["kind"] == "step" and r["mono"] <= at), default=0)
     later_steps = [r for r in records if r["kind"] == "step" and r["mono"] > at and r["generation"] > before]
@@ -90,6 +94,8 @@ def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]
         return bool(stops) and any(r["mono"] > min(stops) for r in later_steps)
     if effect == NOTHING:
         return True
+    if effect == TRAINS_THROUGH:
+        return any(r["kind"] == "step" and at < r["mono"] < at + duration for r in records)
     if effect == TRAINS_ON:
         return any(r["kind"] == "step" and r["mono"] > at for r in records)
     if effect == RESUME_FROM_CHECKPOINT:

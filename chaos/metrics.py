@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from chaos.scenario import STOP_KINDS
+from chaos.scenario import STOP_KINDS, STORE_KINDS
 from training.ledger import files_under
 
 
@@ -68,7 +68,7 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
         recover = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen), None)
         full = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen
                      and r["world_size"] == target_world_size), None)
-        if detect is None and fault["kind"] in STOP_KINDS:  # a pause ridden through: nothing to recover from
+        if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS):  # ridden through: nothing to recover from
             recover = full = None
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),

@@ -16,11 +16,12 @@ from typing import Any
 from chaos.inject import marker_name
 from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
-from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STOP_KINDS, Fault, Scenario
-from ftcoord import StoreServer, connect, job_store
+from chaos.run_store import RunStore
+from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
 from ftcoord.launch_config import spare_slot
 from ftcoord.log import get_logger
 from ftcoord.store import get_or_none
+from ftcoord.store_link import StoreLink
 
 RUN_TIMEOUT_S = 900.0
 FIRE_RETRY_S = 10.0
@@ -98,10 +99,11 @@ class ChaosRunner:
         if self.out.exists():
             shutil.rmtree(self.out)
         (self.out / "logs").mkdir(parents=True)
-        server = StoreServer("127.0.0.1", 0)
+        server = self.server = RunStore(separate=any(f.kind in STORE_KINDS for _, f in self.faults))
         # A scenario's name may say anything; a job id is a key prefix of a safe alphabet.
         job_id = f"chaos-{re.sub(r'[^A-Za-z0-9._-]+', '-', self.scenario.name)[:80]}-{uuid.uuid4().hex[:8]}"
-        self.store = job_store(connect(server.address), job_id)
+        self._link = StoreLink(server.address, job_id)
+        self.store = self._link.connect()  # rides through the run's own store faults
         launchers = Launchers(self.scenario.job, server.address, job_id, self.out, self._plan(), self._crash_spec(),
                               self.out / "launchers.out", reference=not self.faults)
         tail = LedgerTail(self.out / "logs")
@@ -123,6 +125,7 @@ class ChaosRunner:
                     if self._inject(index, fault, tail, launchers, give_up) or give_up:
                         pending.remove((index, fault))
                 self._resume_stopped(now)
+                server.tick(now)
                 if crash is not None and self._crash_marker.exists():
                     # Rank 0 died inside a checkpoint write (planted in the commit); now the
                     # whole job is lost, so the relaunch must resume from disk.
@@ -150,6 +153,7 @@ class ChaosRunner:
             launchers.close()
             display.close()
             server.close()
+            self._link.close()
             _remove_flash_images(job_id)
         tail.poll()
         self._note_in_rank_faults(tail)
@@ -219,6 +223,12 @@ class ChaosRunner:
             self._record(index, fault, tail, pid, slot=slot)
             if kind in STOP_KINDS:
                 self._pending_conts.append((time.monotonic() + fault.duration, pid))
+        elif kind == "store-restart":
+            self._record(index, fault, tail, self.server.kill(fault.duration), note=f"store away {fault.duration}s")
+        elif kind == "store-hang":
+            self._record(index, fault, tail, self.server.signal(signal.SIGSTOP),
+                         note=f"store stopped {fault.duration}s")
+            self._pending_conts.append((time.monotonic() + fault.duration, self.server.pid))
         elif kind == "preempt":
             if not launchers.running():
                 self._record(index, fault, tail, None, note="no launcher was running", fired=False)

@@ -39,8 +39,10 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "ra
 # Sent by the runner from outside, as real faults arrive. pause: SIGSTOP a process (a member or a spare)
 # and SIGCONT it `duration` s later, as a cgroup freeze, swapping or a debugger would; pause-leader: the
 # same for whoever leads at that step; hang: a pause meant to outlast the heartbeat timeout.
+# store-restart: SIGKILL the store server, start a new, empty one on the same port `duration` s later;
+# store-hang: SIGSTOP the store server, SIGCONT it `duration` s later (the run's store is then its own process).
 OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
-                 "lose", "replace", "early-restart")
+                 "lose", "replace", "early-restart", "store-restart", "store-hang")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
                 "pause-leader", "stuck")
@@ -48,7 +50,9 @@ RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", 
 RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "kill", "hang", "pause", "early-restart", "raise",
               "raise-midstep", "slow", "stuck")
 # Kinds that pick their own target (the leader, a follower, every process).
-SELF_AIMED_KINDS = ("kill-leader", "kill-follower", "pause-leader", "preempt")
+SELF_AIMED_KINDS = ("kill-leader", "kill-follower", "pause-leader", "preempt", "store-restart", "store-hang")
+STORE_KINDS = ("store-restart", "store-hang")
+"""Faults of the store server: training rides through them (no generation change is expected)."""
 STOP_KINDS = ("hang", "pause", "pause-leader")
 """SIGSTOP now, SIGCONT after the fault's duration."""
 # In-rank faults: what the training hook does, and where in the step.
@@ -198,9 +202,10 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
     if not 0 <= fault.step < job.steps:
         raise ScenarioError(f"{where}: step = {fault.step} is beyond the run (steps 0..{job.steps - 1})")
-    if fault.kind in (*STOP_KINDS, "slow") and fault.duration <= 0:
-        raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the process stays "
-                            f"{'busy with one step' if fault.kind == 'slow' else 'stopped'})")
+    if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow") and fault.duration <= 0:
+        what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
+        raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
+                            f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")
     if fault.kind in ("lose", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
     if fault.kind == "kill-midreduce" and job.grad_reduction != "fixed":

@@ -58,6 +58,7 @@ class _Generation:
     number: int
     lines: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its generation line
     steps: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # rank -> committed steps
+    monos: list[float] = field(default_factory=list)  # when its steps were committed (one host's clock)
 
     @property
     def world_size(self) -> int | None:
@@ -105,7 +106,9 @@ def verify_ledger(scan: LedgerScan, expect: DataExpectation, steps: int, dead_pi
             commits[record["step"]][record["generation"]].append(record)
             generations.setdefault(record["generation"], _Generation(record["generation"]))
             generations[record["generation"]].steps[record["rank"]].add(record["step"])
+            generations[record["generation"]].monos.append(record["mono"])
     verdict.problems += _check_generations(generations)
+    verdict.problems += _check_generation_order(generations)
     trained: dict[int, list[int]] = defaultdict(list)
     for step in range(steps):
         if step not in commits:
@@ -171,6 +174,17 @@ def _check_generations(generations: dict[int, _Generation]) -> list[str]:
             problems.append(f"generation {number} started at step {start} and skipped steps "
                             f"{_span(expected - committed)} of the steps it committed")
     return problems
+
+
+def _check_generation_order(generations: dict[int, _Generation]) -> list[str]:
+    """Generation numbers are unique and increase with time, across store restarts too: every step of a
+    generation was committed before any step of a higher-numbered one (a number decided twice, or a
+    restarted store that reused a lower number, shows as steps out of order). A chaos run's ranks share
+    one host, so their monotonic clocks compare."""
+    trained = sorted((n, min(g.monos), max(g.monos)) for n, g in generations.items() if g.monos)
+    return [f"generation {later} committed a step at mono {first:.3f}, before generation {earlier}'s last step at "
+            f"{last:.3f}: generation numbers must increase with time"
+            for (earlier, _, last), (later, first, _) in zip(trained, trained[1:], strict=False) if first < last]
 
 
 def _check_step(step: int, gen: _Generation, world: int, records: list[dict[str, Any]], expect: DataExpectation,

@@ -130,6 +130,12 @@ class CallWrapper:
         """Preemption was requested: finish the step, checkpoint, return."""
         return self._participant.should_stop
 
+    @property
+    def store_lost(self) -> BaseException | None:
+        """The store stayed away past store_timeout: `should_stop` is set; write an emergency checkpoint and
+        return (the wrapper then exits with code 75)."""
+        return self._participant.store_lost
+
     def check(self) -> None:
         """Raise GenerationInterrupted when interrupted (not inside `atomic()`)."""
         if self._atomic_depth == 0 and self._participant.interrupted:
@@ -177,7 +183,8 @@ class CallWrapper:
             torch.cuda.set_device(device_id)
         pausepoints.reached(pausepoints.BEFORE_RENDEZVOUS)
         self._meet_members()
-        store = dist.PrefixStore(keys.process_group(self.iteration), self._pg_store)
+        pg_store = self._pg_store.view() if hasattr(self._pg_store, "view") else self._pg_store  # a real dist.Store
+        store = dist.PrefixStore(keys.process_group(self.iteration), pg_store)
         with group_sockets.opened_by(self._sockets):
             dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=self._pg_timeout, device_id=device_id)

@@ -27,6 +27,9 @@ class Timing:
     """Too few joiners after this long fails the generation with a clear error."""
     connect_timeout: float = 30.0
     """Total deadline for reaching the store server (with backoff)."""
+    store_timeout: float = 300.0
+    """How long a running process rides through a store that went away (reconnecting, training on) before
+    it gives up: an emergency checkpoint and exit code 75 (ftcoord.store_link)."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -72,6 +75,12 @@ class Timing:
         culprit rule, ftcoord.leader). 12 heartbeat timeouts: 60 s at the defaults. A step, a checkpoint
         save or a first compile that takes longer needs a larger `progress_timeout` (math.inf: never)."""
         return 12 * self.heartbeat_timeout
+
+    @property
+    def store_op_timeout(self) -> float:
+        """How long one store operation may go unanswered before the store counts as away (a hung server
+        hangs its clients past TCPStore's own timeouts): two heartbeat timeouts, at least 10 s."""
+        return max(10.0, 2 * self.heartbeat_timeout)
 
     @property
     def tick(self) -> float:

@@ -38,6 +38,17 @@ class LeaderClaim:
         return f"{self.term}:{self.slot}:{self.incarnation}"
 
 
+EPOCH_SPAN = 1_000_000
+"""Generation numbers of store epoch e are above e * EPOCH_SPAN (ftcoord.store_link): a restarted store never
+decides a number that its lost predecessor may have decided. A job that starts on a store that never
+restarted numbers its generations 1, 2, 3, ...; after one restart, 1000001, 1000002, ..."""
+
+
+def next_generation(store: dist.Store, current: int) -> int:
+    """The generation after `current`, in the epoch of the store instance `store` talks to."""
+    return max(current, getattr(store, "epoch", 0) * EPOCH_SPAN) + 1
+
+
 def current_generation(store: dist.Store) -> int:
     """The newest decided generation: the hint, walked forward to the last record."""
     generation = int(get_or_none(store, keys.CURRENT) or 0)

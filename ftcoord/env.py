@@ -15,6 +15,8 @@ JOB_ID_ENV: str = "FTCOORD_JOB_ID"
 SLOT_ENV: str = "FTCOORD_SLOT"
 WORLD_SIZE_ENV: str = "FTCOORD_WORLD_SIZE"  # target world size of the job
 LOG_DIR_ENV: str = "FTCOORD_LOG_DIR"
+STORE_TIMEOUT_ENV: str = "FTCOORD_STORE_TIMEOUT"  # seconds a process rides through a store that is away
+STORE_INSTANCE_ENV: str = "FTCOORD_STORE_INSTANCE"  # "epoch:nonce" of the store as the launcher knows it
 
 # Fallbacks set by torchrun / SLURM.
 TORCHRUN_RANK_ENV: str = "RANK"
@@ -72,6 +74,21 @@ def torchrun_refusal() -> str | None:
             "throwing away the survivors' state that ftcoord recovers from. Start the same command with "
             "ftcoord-launch instead: `ftcoord-launch --embedded-store --nproc N -- python SCRIPT ARGS` "
             "(one node), or `ftcoord-launch --store HOST:PORT --nproc N --first-slot K -- ...` per node")
+
+
+def store_timeout_from_env(default: float) -> float:
+    """FTCOORD_STORE_TIMEOUT (seconds, > 0), else `default`."""
+    raw = os.environ.get(STORE_TIMEOUT_ENV)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{STORE_TIMEOUT_ENV}={raw!r} must be a positive number of seconds: how long a process "
+                          f"rides through a store that is away before it writes an emergency checkpoint and exits")
+    return value
 
 
 def job_id_from_env() -> str:

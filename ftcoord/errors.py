@@ -27,6 +27,16 @@ class StoreUnavailable(FtcoordError):
     """The TCPStore server could not be reached within the connect deadline."""
 
 
+class StoreLost(FtcoordError):
+    """The store stayed unreachable longer than store_timeout: the job cannot coordinate any more (its
+    processes write an emergency checkpoint and exit with EXIT_STORE_LOST)."""
+
+
+EXIT_STORE_LOST = 75
+"""EX_TEMPFAIL: every process and launcher of a job whose store stayed away past store_timeout; relaunch it
+once the store is back (it resumes from its last checkpoint)."""
+
+
 class PortInUse(FtcoordError):
     """The store server cannot listen because the port is taken."""
 

@@ -8,6 +8,9 @@ pause to find its generation forgotten (keys.FORGOTTEN) catches up with the newe
 Only the newest incarnation of a slot takes part: an older one (a process that was paused, or cut
 off, long enough for its slot to be restarted) raises Superseded before it announces itself or
 interrupts anyone, so a ghost cannot interrupt every generation that lists its slot.
+
+A joiner that finds a restarted store (ftcoord.store_link) announces itself again, for the next number of
+the new epoch: the announcement it made is lost, and the number it waited for is never decided there.
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ import time
 
 import torch.distributed as dist
 
-from ftcoord import keys, pausepoints
+from ftcoord import keys, pausepoints, rebuild
 from ftcoord.config import Timing
-from ftcoord.decisions import current_generation, is_forgotten, read_record
+from ftcoord.decisions import current_generation, is_forgotten, next_generation, read_record
 from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import superseded
 from ftcoord.store import get_or_none, wait_for_key
+from ftcoord.store_link import instance_number
+
+_NEW_INSTANCE = object()  # _wait_record's answer when the store restarted meanwhile
 
 
 class GenerationClient:
@@ -36,6 +42,8 @@ class GenerationClient:
         self._timing = timing
         # A stop that ended an earlier run of this job must not end this one.
         self.stale_stopped = get_or_none(store, keys.STOPPED)
+        self._finished_in: tuple[GenerationRecord, bool] | None = None  # (record, stopping) once finish() counted us
+        self._seen: dict[str, bytes] = {}  # done / stopped / fatal, as seen: a restarted store is told again
         self._log = get_logger(component="generation", slot=slot, incarnation=incarnation)
 
     def current(self) -> int:
@@ -49,18 +57,24 @@ class GenerationClient:
             QuorumTimeout: too few processes joined within barrier_timeout.
             Superseded: a newer incarnation of this slot registered; this process must exit.
         """
-        generation = self.current() + 1
-        previous = self.record(generation - 1)
+        current = self.current()
+        generation, previous = next_generation(self._store, current), self.record(current)
         while True:
             self._raise_if_failed()
             self.raise_if_superseded()  # a ghost neither interrupts nor announces, however long it waited
             self._interrupt_if_needed(previous)
+            announced_in = instance_number(self._store)
             self._announce(generation, step)
             pausepoints.reached(pausepoints.JOIN_ANNOUNCED)
-            record = self._wait_record(generation)
+            record = self._wait_record(generation, announced_in)
+            if record is _NEW_INSTANCE:
+                current = self.current()
+                self._log.info("join_again_after_store_restart", generation=generation, current=current)
+                generation, previous = next_generation(self._store, current), self.record(current)
+                continue
             if record is None:  # decided and forgotten while we were paused: catch up with the newest
                 self._log.info("generation_forgotten", generation=generation)
-                generation, previous = max(generation, self.current()) + 1, None
+                generation, previous = next_generation(self._store, max(generation, self.current())), None
                 continue
             self._raise_if_failed()
             if record.failed is not None:
@@ -72,7 +86,8 @@ class GenerationClient:
                 return record
             self._log.info("generation_left_out", generation=generation,
                            spare=record.was_considered(self.slot, self.incarnation))
-            generation, previous = generation + 1, record  # interrupted, if it must be, before the next announce
+            # `previous` is interrupted, if it must be, before the next announcement
+            generation, previous = next_generation(self._store, generation), record
 
     def raise_if_superseded(self) -> None:
         reason = superseded(self._store, self.slot, self.incarnation)
@@ -101,25 +116,37 @@ class GenerationClient:
             True when every member finished; False when the generation was interrupted
             first, so this process must join the next one.
         """
-        finished = int(self._store.add(keys.finished(record.generation), 1))
-        if finished >= record.world_size:
-            if stopping:
-                self._store.set(keys.STOPPED, str(record.generation))
-                self._log.info("job_stopped", generation=record.generation)
-            else:
-                self._store.set(keys.DONE, str(record.generation))
-                self._log.info("job_done", generation=record.generation)
+        self._count_finished(self._store, record, stopping)
         while True:
             if wait_for_key(self._store, keys.DONE, self._timing.heartbeat_interval):
+                self.is_done()
                 return True
             if self.is_stopped():
                 return True
             if self.is_interrupted(record.generation):
                 return False
 
+    def _count_finished(self, store: dist.Store, record: GenerationRecord, stopping: bool) -> None:
+        self._finished_in = (record, stopping)
+        finished = int(store.add(keys.finished(record.generation), 1))
+        if finished >= record.world_size:
+            if stopping:
+                store.set(keys.STOPPED, str(record.generation))
+                self._log.info("job_stopped", generation=record.generation)
+            else:
+                store.set(keys.DONE, str(record.generation))
+                self._log.info("job_done", generation=record.generation)
+
+    def rebuild(self, store: dist.Store) -> None:
+        """Tell a restarted store what this process knows of the job's end (ftcoord.rebuild)."""
+        rebuild.ended(store, self._seen.get(keys.DONE), self._seen.get(keys.STOPPED), self._seen.get(keys.FATAL))
+        if self._finished_in is not None:
+            self._count_finished(store, *self._finished_in)
+
     def _raise_if_failed(self) -> None:
         fatal = get_or_none(self._store, keys.FATAL)
         if fatal is not None:
+            self._seen[keys.FATAL] = fatal
             raise JobFailed(fatal.decode())
 
     def fail(self, message: str) -> None:
@@ -127,12 +154,18 @@ class GenerationClient:
         self._store.compare_set(keys.FATAL, "", message)
 
     def is_done(self) -> bool:
-        return bool(self._store.check([keys.DONE]))
+        done = get_or_none(self._store, keys.DONE)
+        if done is not None:
+            self._seen[keys.DONE] = done
+        return done is not None
 
     def is_stopped(self) -> bool:
         """Every member of some generation of this run returned through should_stop."""
         stopped = get_or_none(self._store, keys.STOPPED)
-        return stopped is not None and stopped != self.stale_stopped
+        if stopped is not None and stopped != self.stale_stopped:
+            self._seen[keys.STOPPED] = stopped
+            return True
+        return False
 
     def _announce(self, generation: int, step: int) -> None:
         join = JoinRequest(generation, self.slot, self.incarnation, step)
@@ -156,7 +189,7 @@ class GenerationClient:
         elif record.world_size < record.target_world_size:
             self.interrupt(record.generation, f"grow:slot={self.slot}")
 
-    def _wait_record(self, generation: int) -> GenerationRecord | None:
+    def _wait_record(self, generation: int, announced_in: int) -> GenerationRecord | None | object:
         """Wait for the record of `generation`, in slices (to notice the job ending); None when it was
         decided and forgotten already (this process was paused meanwhile).
 
@@ -172,6 +205,8 @@ class GenerationClient:
                 record = self.record(generation)
                 if record is not None or is_forgotten(self._store, generation):
                     return record
+            if instance_number(self._store) != announced_in:
+                return _NEW_INSTANCE
             self._raise_if_failed()
             if self.is_done() or self.is_stopped():
                 raise JobFinished(f"job finished while slot {self.slot} waited for generation {generation}")

@@ -86,6 +86,13 @@ class Heartbeat:
             self._store.append(keys.INCIDENTS, incident.to_json() + "\n")
             self._log.info("generation_changed", mono=time.monotonic(), **incident.__dict__)
 
+    def rebuild(self) -> None:
+        """The store restarted (ftcoord.rebuild): publish everything again; probes count from 0 there."""
+        self._published_status = ""
+        self._published_progress = ""
+        self._first_commit_noted = False
+        self._asked = 0
+
     def ping(self) -> None:
         """Record training progress: a local increment, published by the next beat."""
         self._progress += 1

@@ -15,6 +15,7 @@ STOPPED = "stopped"  # the generation in which every member returned through sho
 PROBE = "probe"  # counter: how many times a leader asked every heartbeat thread to beat at once
 INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.jobs), for observers
 LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.jobs)
+INSTANCE = "instance"  # "epoch:nonce": which life of the store server this is (ftcoord.store_link)
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.slot_report)
 
 

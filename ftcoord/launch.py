@@ -16,7 +16,7 @@ import sys
 from dataclasses import fields
 
 from ftcoord import arguments, log
-from ftcoord.env import DEFAULT_STORE_HOST
+from ftcoord.env import DEFAULT_STORE_HOST, store_timeout_from_env
 from ftcoord.errors import FtcoordError
 from ftcoord.launch_config import MAX_SPARES, SPARE_SLOT_BASE, LaunchConfig
 
@@ -30,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ftcoord-launch",
         description="Start this node's training processes under ftcoord and restart them through faults.",
         epilog="Exit codes: 0 the job finished (or stopped cleanly after SIGTERM); 1 a failure; 2 bad "
-        "arguments; 3 a slot (or the job) exhausted --max-restarts; 143 children had to be killed after "
-        "the grace period. Children get FTCOORD_STORE, FTCOORD_JOB_ID, FTCOORD_SLOT, FTCOORD_WORLD_SIZE "
+        "arguments; 3 a slot (or the job) exhausted --max-restarts; 75 the store stayed unreachable past "
+        "--store-timeout (every process wrote its emergency checkpoint first: restart the store, relaunch, and the "
+        "job resumes from it); 143 children had to be killed after the grace period. Children get FTCOORD_STORE, "
+        "FTCOORD_JOB_ID, FTCOORD_SLOT, FTCOORD_WORLD_SIZE "
         f"and LOCAL_RANK. Spare slots are numbered from {SPARE_SLOT_BASE} + --first-slot * {MAX_SPARES}.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -59,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "each slot's process in milliseconds; 0: start every process as a new interpreter")
     parser.add_argument("--grace", type=arguments.non_negative_float, default=DEFAULTS["grace_s"],
                         help="seconds children get after SIGTERM before SIGKILL")
+    parser.add_argument("--store-timeout", type=arguments.positive_float, default=None,
+                        help="seconds the launcher and its processes ride through a store that went away (they "
+                        "reconnect, and rebuild a restarted store) before they give up with exit code 75 "
+                        f"(default: ${{FTCOORD_STORE_TIMEOUT}}, else {DEFAULTS['store_timeout_s']:g})")
     parser.add_argument("--log-dir", default=None, help="JSON-lines logs of the launcher and every process")
     parser.add_argument("--metrics-port", type=arguments.port, default=None,
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged as "
@@ -85,6 +91,7 @@ def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespa
         check_job_id(args.job_id)
         if args.store:
             StoreAddress.parse(args.store)
+        store_timeout_from_env(DEFAULTS["store_timeout_s"])
     except FtcoordError as exc:
         parser.error(str(exc))
     config = LaunchConfig(
@@ -93,14 +100,17 @@ def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespa
         restart_policy=args.restart_policy, warm_standby=args.warm_standby, grace_s=args.grace,
         log_dir=os.path.abspath(args.log_dir) if args.log_dir else None,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        store_timeout_s=args.store_timeout if args.store_timeout is not None
+        else store_timeout_from_env(DEFAULTS["store_timeout_s"]),
     )
     return config, args
 
 
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_config(argv)
+    from ftcoord.config import Timing
     from ftcoord.server import StoreServer
-    from ftcoord.store import connect, job_store
+    from ftcoord.store_link import StoreLink
     from ftcoord.supervisor import EXIT_USAGE, Supervisor
 
     log.configure(os.path.join(config.log_dir, "launcher.jsonl") if config.log_dir else None)
@@ -111,16 +121,18 @@ def main(argv: list[str] | None = None) -> int:
             server = StoreServer(args.store_host, args.store_port)
             config = LaunchConfig(**{**config.__dict__, "store": server.address})
             logger.info("embedded_store_ready", address=server.address)
-        base = connect(config.store)
-        client = job_store(base, config.job_id)
+        link = StoreLink(config.store, config.job_id, store_timeout=config.store_timeout_s,
+                         op_timeout=Timing().store_op_timeout)
+        client = link.connect()
     except FtcoordError as exc:
         print(f"ftcoord-launch: {exc}", file=sys.stderr)
         return EXIT_FAILED
     supervisor = Supervisor(config, client)
+    link.on_new_instance(supervisor.rebuild)
     if config.metrics_port is not None:
         from ftcoord.metrics import LauncherMetrics
 
-        metrics = LauncherMetrics(job_store(base.clone(), config.job_id), config.job_id, config.slots,
+        metrics = LauncherMetrics(link.client(), config.job_id, config.slots,
                                   lambda: {s.slot: dict(s.restart_kinds) for s in supervisor.slots.values()})
         try:
             metrics.serve(config.metrics_port, config.metrics_host)

@@ -39,6 +39,8 @@ class LaunchConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: any free one; None: no metrics)."""
     metrics_host: str = "127.0.0.1"
+    store_timeout_s: float = 300.0
+    """How long the launcher and its processes ride through a store that went away before they give up."""
     poll_s: float = 0.02
 
     @property

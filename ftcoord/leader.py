@@ -29,6 +29,11 @@ the tests with ftcoord.pausepoints):
 A record written by a leader deposed between its last check and its write is still the one decision
 for that generation, made from what it observed while it led; the members follow it, and a stale
 judgement in it is corrected by the next generation.
+
+Across a store restart (ftcoord.store_link, ftcoord.rebuild): a round's record is written only into the
+store instance its observations came from (the write is pinned: a leader that paused through a restart
+writes nothing), a new instance decides only numbers of its own epoch, and the leader forgets what it
+fenced and observed there (those keys are gone; the counters start again).
 """
 
 from __future__ import annotations
@@ -40,15 +45,23 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord import evidence, keys, pausepoints
+from ftcoord import evidence, keys, pausepoints, rebuild
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.decisions import LeaderClaim, advance_current, current_generation, read_joins, read_record
+from ftcoord.decisions import (
+    LeaderClaim,
+    advance_current,
+    current_generation,
+    next_generation,
+    read_joins,
+    read_record,
+)
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.log import get_logger
 from ftcoord.quorum import choose_members
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts, read_facts, registered_slots
 from ftcoord.store import get_or_none, read_int, wait_for_key
+from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
 
 
 @dataclass
@@ -85,6 +98,9 @@ class LeaderDuty:
         self._open: dict[int, _OpenGeneration] = {}
         self._fenced: set[tuple[int, int]] = set()
         self._closed_in: GenerationRecord | None = None
+        self._round_instance = 0  # the store instance this round's observations come from
+        self._rebuilt = threading.Event()  # the store restarted: forget what was fenced and asked there
+        self._terms_seen = 0
         self._probe = evidence.Probe(store)
         self._stop = threading.Event()
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
@@ -124,9 +140,24 @@ class LeaderDuty:
                 self._log.warning("leader_duty_paused", paused_s=round(now - last_tick, 3))
             last_tick = now
             try:
+                self._round_instance = instance_number(self._store)
+                if self._rebuilt.is_set():
+                    self._rebuilt.clear()
+                    self._open.clear()
+                    self._fenced.clear()
+                    self._probe = evidence.Probe(self._store)
                 if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
                     return  # nothing left to decide
                 read_at, facts = self._observe()
+                if read_at - last_tick > self._timing.heartbeat_timeout / 2:
+                    # Stuck in a store call (a hung or restarting store kept everyone from beating): what
+                    # this round read shows no silence of anyone's; watch afresh (CI-like: a 12 s store
+                    # hang got a healthy rank fenced as heartbeat_stale).
+                    self._observer.reset()
+                    self._open.clear()
+                    self._log.warning("leader_duty_stalled_by_store", stalled_s=round(read_at - last_tick, 3))
+                    last_tick = time.monotonic()
+                    continue
                 if self._claim is None:
                     self._try_acquire(facts)
                 if self._claim is not None and self._still_leader():
@@ -151,15 +182,18 @@ class LeaderDuty:
         read_at = time.monotonic()  # before the read: a dead mark older than this is seen
         facts = read_facts(self._store, slots)
         for slot, fact in facts.items():
+            # Observed as of when the read was asked: a store that hung during the read kept everyone from
+            # beating, and its silence is not theirs. A counter's silence is then never over-counted.
             # With the incarnation: a new one gets a timeout of its own (register bumps it before the counter).
-            self._observer.observe(f"hb/{slot}", (fact.incarnation, fact.heartbeat))
+            self._observer.observe(f"hb/{slot}", (fact.incarnation, fact.heartbeat), at=read_at)
             # The announced incarnation too: a new announcement starts at beat 0, like the last one may have.
-            self._observer.observe(f"replacing/{slot}", (fact.replacing, fact.replacing_beat))
+            self._observer.observe(f"replacing/{slot}", (fact.replacing, fact.replacing_beat), at=read_at)
         return read_at, facts
 
     def _try_acquire(self, facts: dict[int, SlotFacts]) -> None:
         first = LeaderClaim(1, self._slot, self._incarnation)
         holder = LeaderClaim.parse(self._store.compare_set(keys.LEADER, "", str(first)))
+        self._terms_seen = max(self._terms_seen, holder.term)
         if holder == first:
             self._become(first)
             return
@@ -172,6 +206,13 @@ class LeaderDuty:
         won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
         if won == str(mine):
             self._become(mine, previous=holder)
+
+    def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
+        """The store restarted (ftcoord.rebuild): write back the leader's term; forget fences and probes."""
+        claim = self._claim
+        term = max(self._terms_seen, claim.term if claim else 0, record.leader_term if record else 0)
+        rebuild.leader_term(store, str(claim) if claim is not None else None, term)
+        self._rebuilt.set()
 
     def note_closed(self, record: GenerationRecord) -> None:
         """A connection closed under a collective of ours in `record`'s generation: a hint to look at
@@ -217,7 +258,7 @@ class LeaderDuty:
             self._interrupt_if_member_dead(record, facts, read_at)
         self._fence_hung_outsiders(record, facts)
 
-        generation = current + 1
+        generation = next_generation(self._store, current)
         if self._is_open(current, record):
             running = record is not None and record.failed is None and any(
                 m in facts and self._alive(facts[m], i)
@@ -373,7 +414,13 @@ class LeaderDuty:
         if not self._still_leader():
             return True  # deposed while deciding: the new leader decides
         pausepoints.reached(pausepoints.LEADER_BEFORE_RECORD)
-        won = self._store.compare_set(keys.record(record.generation), "", text).decode() == text
+        try:
+            won = pinned_compare_set(self._store, self._round_instance, keys.record(record.generation), "",
+                                     text).decode() == text
+        except StoreRestarted as exc:  # decided on what a lost instance showed: judge again on the new one
+            self._log.warning("decision_dropped", generation=record.generation, reason=str(exc))
+            self._open.clear()
+            return True
         if not won:
             return True  # another leader decided first (or the generation is long forgotten); its record stands
         advance_current(self._store, record.generation)

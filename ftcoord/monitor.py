@@ -13,6 +13,7 @@ import threading
 import torch.distributed as dist
 
 from ftcoord import keys
+from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
 from ftcoord.store import get_or_none, wait_for_key
 
@@ -49,6 +50,9 @@ class InterruptMonitor:
         self.stop_requested = threading.Event()
         self.reason: str | None = None
         self.failed: BaseException | None = None
+        self.store_lost: StoreLost | None = None
+        """The store stayed away past store_timeout: training stops at its next boundary (should_stop), the
+        generation is not interrupted (a checkpoint is written first; nobody can rejoin anyway)."""
         self._log = get_logger(component="monitor", slot=slot, incarnation=incarnation)
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-monitor-{slot}", daemon=True)
 
@@ -95,6 +99,11 @@ class InterruptMonitor:
                     reason = "superseded"
                 else:
                     continue
+            except StoreLost as exc:
+                self.store_lost = exc
+                self.stop_requested.set()
+                self._log.error("monitor_store_lost", error=str(exc))
+                return
             except Exception as exc:  # store gone: the trainer will see it on its own
                 if not self._stop.is_set():
                     self.failed = exc

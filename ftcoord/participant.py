@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import jobs, keys
+from ftcoord import jobs, keys, rebuild
 from ftcoord.address import StoreAddress
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
@@ -18,7 +18,7 @@ from ftcoord.monitor import InterruptMonitor
 from ftcoord.record import GenerationRecord
 from ftcoord.slot_report import SlotReport
 from ftcoord.slots import register, superseded
-from ftcoord.store import connect, job_store
+from ftcoord.store_link import LinkedStore, StoreLink, instance_from_env
 from ftcoord.watchdog import HelperWatch, exit_process
 
 
@@ -30,6 +30,9 @@ class Participant:
     interrupt monitor and the helper watch (ftcoord.watchdog: the process ends when one of the
     others died or this incarnation was superseded). The caller's thread joins generations and
     reads `interrupted`.
+
+    Every client comes from one StoreLink (ftcoord.store_link): they ride through a store that goes away
+    and comes back; when it comes back empty, this process writes back what it holds (`_rebuild`).
     """
 
     def __init__(
@@ -56,14 +59,16 @@ class Participant:
         self.incarnation = 0
         self.record: GenerationRecord | None = None
         self._on_helper_failure = on_helper_failure
-        self._base: dist.TCPStore | None = None
+        self.link: StoreLink | None = None
         self._log = get_logger(component="participant", slot=slot)
 
     def start(self, on_wait: Callable[[BaseException], None] | None = None) -> Participant:
         """Connect, register and start the helper threads (`on_wait`: see `ftcoord.store.connect`)."""
-        base = connect(self.address, deadline=self.timing.connect_timeout, on_wait=on_wait)
-        self._base = base
-        self.store = job_store(base, self.job_id)
+        self.link = StoreLink(self.address, self.job_id, connect_timeout=self.timing.connect_timeout,
+                              store_timeout=self.timing.store_timeout, op_timeout=self.timing.store_op_timeout,
+                              known=instance_from_env(), on_wait=on_wait)
+        self.store = self.link.connect()
+        base = self.link.client(prefixed=False)
         self.incarnation = register(self.store, self.slot)
         jobs.list_job(base, self.store, self.job_id)
         jobs.describe(self.store, self.timing)
@@ -84,14 +89,34 @@ class Participant:
              "interrupt monitor": lambda: self.monitor.failed},
             lambda: superseded(watch_store, self.slot, self.incarnation), self._on_helper_failure)
         self.watch.start()
-        self._log.info("participant_started", job_id=self.job_id, store=str(self.address))
+        self.link.on_new_instance(self._rebuild)
+        self._log.info("participant_started", job_id=self.job_id, store=str(self.address),
+                       store_instance=str(self.link.instance))
         return self
 
-    def _clone(self) -> dist.PrefixStore:
-        assert self._base is not None
-        return job_store(self._base.clone(), self.job_id)
+    def _rebuild(self, store: dist.Store, base: dist.Store) -> None:
+        """The store came back empty: write back what this process holds (see ftcoord.rebuild)."""
+        rebuild.slot(store, self.slot, self.incarnation)
+        record = self.record
+        if record is not None:
+            rebuild.record(store, record, self.monitor.reason if self.monitor.fired else None)
+        jobs.list_job(base, store, self.job_id)
+        jobs.describe(store, self.timing)
+        self.generations.rebuild(store)
+        self.leader.rebuild(store, record)
+        self.heartbeat.rebuild()
+        self._log.info("store_rebuilt", generation=record.generation if record else None)
 
-    def clone_store(self) -> dist.PrefixStore:
+    def _clone(self) -> LinkedStore:
+        assert self.link is not None
+        return self.link.client()
+
+    @property
+    def store_lost(self) -> BaseException | None:
+        """The store stayed away past store_timeout (the process writes its emergency checkpoint and exits)."""
+        return self.link.lost if self.link is not None else None
+
+    def clone_store(self) -> LinkedStore:
         """A new client for this job's keys (one per thread or per long-lived user)."""
         return self._clone()
 
@@ -121,8 +146,9 @@ class Participant:
 
     @property
     def should_stop(self) -> bool:
-        """A stop (preemption) was requested anywhere in the job: finish the step and return."""
-        return self.monitor.stop_requested.is_set()
+        """A stop (preemption) was requested anywhere in the job, or the store is lost for good: finish the
+        step and return."""
+        return self.monitor.stop_requested.is_set() or self.store_lost is not None
 
     def finish(self) -> bool:
         """The function returned; True when every member did (the job is done or stopped)."""
@@ -133,13 +159,17 @@ class Participant:
         """Stop the threads, hand leadership over and say this incarnation left on purpose."""
         self.watch.stop()
         self.monitor.stop()
-        self.leader.stop(release=True)
+        # A store that is away right now is not waited for (up to store_timeout) just to say goodbye.
+        reachable = self.link is None or not (self.link.down or self.link.lost or self.link.stale)
+        self.leader.stop(release=reachable)
         self.heartbeat.stop()
-        if leaving:
+        if leaving and reachable:
             try:
                 self.store.set(keys.left(self.slot), str(self.incarnation))
             except Exception:  # the store is gone: nothing to tell
                 pass
+        if self.link is not None:
+            self.link.close()
         self._log.info("participant_closed")
 
     def __enter__(self) -> Participant:

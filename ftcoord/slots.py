@@ -11,7 +11,7 @@ from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader sea
 from ftcoord.store import get_or_none, read_int
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
-_ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
+ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
 
 
 def register(store: dist.Store, slot: int) -> int:
@@ -20,7 +20,7 @@ def register(store: dist.Store, slot: int) -> int:
     Returns the incarnation: it tells a restarted process apart from its ghost.
     """
     incarnation = int(store.add(keys.incarnation(slot), 1))
-    for key in _ZERO_KEYS:
+    for key in ZERO_KEYS:
         store.compare_set(key(slot), "", "0")
     store.add(keys.heartbeat(slot), 1)
     if slot not in registered_slots(store):

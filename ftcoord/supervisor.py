@@ -4,6 +4,12 @@ It owns the processes of its slots. A dead process is marked dead in the store a
 (the fast path: nobody waits for a heartbeat timeout) and replaced, from a warm standby
 when one is ready. A slot the leader fenced (hung or stalled) is SIGKILLed here, which
 turns a hang into a crash that peers blocked in a gloo collective see immediately.
+
+Its store client rides through a store that goes away (ftcoord.store_link): the loop waits in the
+operation until the store is back, then tells a restarted store which incarnation each of its slots
+runs and which died meanwhile (`rebuild`), so a rank killed while the store was away is replaced and
+judged as soon as it returns. A store away past store_timeout ends the launcher with exit code 75, after
+its processes wrote their emergency checkpoint.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from dataclasses import dataclass, field
 import tenacity
 import torch.distributed as dist
 
-from ftcoord import env, keys, launcher_report, scratch
+from ftcoord import env, keys, launcher_report, rebuild, scratch
 from ftcoord.decisions import LeaderClaim
+from ftcoord.errors import EXIT_STORE_LOST, StoreLost
 from ftcoord.heartbeat import mark_dead
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
@@ -120,7 +127,26 @@ class Supervisor:
         return values
 
     def _child_env(self, slot: SlotProcess) -> dict[str, str]:
-        return {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank)}
+        values = {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank),
+                  env.STORE_TIMEOUT_ENV: str(self.config.store_timeout_s)}
+        link = getattr(self.store, "link", None)
+        if link is not None and link.instance is not None:  # a child that starts while the store is away knows it
+            values[env.STORE_INSTANCE_ENV] = str(link.instance)
+        return values
+
+    def rebuild(self, store: dist.Store, base: dist.Store) -> None:
+        """The store came back empty (ftcoord.rebuild): each slot's incarnation, a death it missed, a
+        replacement on its way, and this launcher's report."""
+        for slot in self.slots.values():
+            if slot.finished or slot.incarnation == 0:
+                continue
+            rebuild.slot(store, slot.slot, slot.incarnation)
+            if slot.process is None or slot.process.poll() is not None:
+                mark_dead(store, slot.slot, slot.incarnation)
+            if slot.replacing > slot.incarnation:
+                store.set(keys.replacing(slot.slot), f"{slot.replacing}:{slot.replacing_beat}")
+            self._report_to(store, slot)
+        self._log.info("store_rebuilt_by_launcher", slots=sorted(self.slots))
 
     def _start(self, slot: SlotProcess, from_standby: bool = True) -> None:
         """Start the slot's process: forked by the warm standby, or a new interpreter.
@@ -145,10 +171,13 @@ class Supervisor:
         self._report(slot)
 
     def _report(self, slot: SlotProcess) -> None:
+        self._report_to(self.store, slot)
+
+    def _report_to(self, store: dist.Store, slot: SlotProcess) -> None:
         standby = self.standby
         state = launcher_report.standby_state(self._use_standby, standby is not None and standby.alive,
                                               standby is not None and standby.ready)
-        launcher_report.publish(self.store, slot.slot, slot.process.pid if slot.process else None,
+        launcher_report.publish(store, slot.slot, slot.process.pid if slot.process else None,
                                 slot.restart_kinds, state)
 
     # -- the warm standby -----------------------------------------------------------------
@@ -202,16 +231,19 @@ class Supervisor:
         self._take_scratch()
         try:
             self._refresh_standby()  # the node's ranks are forked from it as soon as it is warm
-            for local_rank, slot in enumerate(self.config.slots):
-                self.slots[slot] = SlotProcess(slot, local_rank)
-                self._start(self.slots[slot])
-            while True:
-                now = time.monotonic()
-                code = self._tick(now)
-                if code is not None:
-                    self._release_standby()
-                    return code
-                time.sleep(self.config.poll_s)
+            try:
+                for local_rank, slot in enumerate(self.config.slots):
+                    self.slots[slot] = SlotProcess(slot, local_rank)
+                    self._start(self.slots[slot])
+                while True:
+                    now = time.monotonic()
+                    code = self._tick(now)
+                    if code is not None:
+                        self._release_standby()
+                        return code
+                    time.sleep(self.config.poll_s)
+            except StoreLost as exc:
+                return self._store_lost(exc)
         finally:
             removed = scratch.release(self.config.job_id, self.config.slots)
             self._log.info("scratch_released", removed=[str(p) for p in removed])
@@ -393,6 +425,24 @@ class Supervisor:
             self._replacement_coming(slot, read_int(self.store, keys.incarnation(slot.slot)))
             slot.process.kill()
             slot.fence_killed = True
+
+    def _store_lost(self, exc: StoreLost) -> int:
+        """The store stayed away past store_timeout: the processes saw it too; they write their emergency
+        checkpoint and exit 75. Wait for them (up to the grace period), then end with the same code."""
+        self._log.error("store_lost_exit", error=str(exc), exit_code=EXIT_STORE_LOST)
+        print(f"ftcoord-launch: {exc}", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + self.config.grace_s
+        for slot in self.slots.values():
+            if slot.process is None:
+                continue
+            while slot.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(self.config.poll_s)
+            if slot.process.poll() is None:
+                self._log.error("child_killed_after_grace", slot=slot.slot, pid=slot.process.pid)
+                slot.process.kill()
+                wait_killed(slot.process)
+        self._release_standby()
+        return EXIT_STORE_LOST
 
     # -- termination ---------------------------------------------------------------------
 

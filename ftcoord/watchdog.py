@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
 
 EXIT_HELPER_FAILED = 70  # EX_SOFTWARE: the launcher restarts the slot like any crash
@@ -60,7 +61,8 @@ class HelperWatch:
     def _check(self) -> str | None:
         for name, died in self._helpers.items():
             error = died()
-            if error is not None:
+            # A lost store ends the process from its training thread, after the emergency checkpoint.
+            if error is not None and not isinstance(error, StoreLost):
                 return f"the {name} thread died ({type(error).__name__}: {error})"
         try:
             return self._superseded()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -30,7 +31,15 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from ftcoord import env, log
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.errors import FatalError, FtcoordError, JobFinished, StoreUnavailable, Superseded
+from ftcoord.errors import (
+    EXIT_STORE_LOST,
+    FatalError,
+    FtcoordError,
+    JobFinished,
+    StoreLost,
+    StoreUnavailable,
+    Superseded,
+)
 
 if TYPE_CHECKING:
     from ftcoord.participant import Participant
@@ -89,6 +98,7 @@ class Wrapper:
         join_timeout: float | None = None,
         barrier_timeout: float | None = None,
         progress_timeout: float | None = None,
+        store_timeout: float | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         pg_timeout: float = DEFAULT_PG_TIMEOUT_S,
         log_dir: str | Path | None = None,
@@ -103,7 +113,9 @@ class Wrapper:
         self.global_batch = global_batch
         overrides = {k: v for k, v in {
             "heartbeat_interval": heartbeat_interval, "heartbeat_timeout": heartbeat_timeout,
-            "join_timeout": join_timeout, "barrier_timeout": barrier_timeout}.items() if v is not None}
+            "join_timeout": join_timeout, "barrier_timeout": barrier_timeout,
+            "store_timeout": store_timeout if store_timeout is not None
+            else env.store_timeout_from_env(Timing.store_timeout)}.items() if v is not None}
         self.timing = Timing(**overrides)
         if progress_timeout is not None and progress_timeout <= self.timing.heartbeat_interval:
             raise FtcoordError(f"progress_timeout={progress_timeout}s must exceed heartbeat_interval="
@@ -156,7 +168,9 @@ class Wrapper:
             QuorumTimeout: too few processes to form a generation.
             Superseded: this process was replaced while it was paused; it must exit.
             SystemExit: one line, at once, when this process is a worker of torchrun's agent (see
-                `env.torchrun_refusal`), or when no store answered within connect_timeout.
+                `env.torchrun_refusal`), or when no store answered within connect_timeout; one line and
+                exit code 75 (EXIT_STORE_LOST) when the store stayed away past store_timeout (the function
+                saw `should_stop` first: its emergency checkpoint is written).
         """
         from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
 
@@ -242,6 +256,10 @@ class Wrapper:
                     ) from cause
                 release_frames(cause)
                 del cause
+        except StoreLost as exc:
+            logger.error("store_lost_exit", error=str(exc), exit_code=EXIT_STORE_LOST)
+            print(f"ftcoord: slot {participant.slot}: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_STORE_LOST) from exc
         finally:
             restore_signal()
             participant.close(leaving=leaving)

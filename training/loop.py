@@ -104,8 +104,12 @@ class Trainer:
             while state.step < config.steps:
                 if not self._step(call, ddp, buffers):
                     return self._stop(call)
-        except BaseException:
+        except BaseException as exc:
             buffers.roll_back()
+            if call.store_lost is not None and isinstance(exc, Exception):
+                # A peer stopped first and its group went down under our step: that step changed nothing, and
+                # this rank's last committed step is still the newest anyone has.
+                return self._stop(call)
             raise
         self.ledger.write("final", generation=call.iteration, rank=rank, world_size=world, step=state.step,
                           digest=state.digest())

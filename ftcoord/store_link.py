@@ -1,0 +1,462 @@
+"""Store clients that survive the store: they reconnect, bound every operation, and know which instance
+of the store server they talk to.
+
+What TCPStore does not do (measured, torch 2.14.1): its clients never reconnect after the server went
+away (every later operation raises DistNetworkError), and a server that stops answering (SIGSTOP, a hung
+host) hangs its clients past every timeout (a `get` with a 1 s client timeout still blocked after 100 s).
+
+A `StoreLink` is one process's access to the store of one job. Each thread takes its own `LinkedStore`
+from it (one client per thread: a thread blocked in `wait` holds its client). A LinkedStore offers the
+operations of `dist.Store` that ftcoord uses, under the job's key prefix (or none, for the store's job
+index), and:
+- **bounds every operation**: one unanswered for `op_timeout` beyond its own wait has its socket shut
+  down (as ftcoord.group_sockets releases a hung collective) and counts as a server gone away;
+- **reconnects** to the same address, with backoff, and runs the operation again; when the store stays
+  away `store_timeout` seconds from the moment this process first noticed, every operation raises
+  StoreLost: one line that names the address, how long it waited and what to do;
+- **knows the instance**. A restarted server is empty. Each job keeps `instance` = "epoch:nonce" in the
+  store: the first process to reconnect to an empty store writes the epoch it knew plus one (with
+  compare_set from absent; a process started by ftcoord-launch knows its launcher's instance from
+  FTCOORD_STORE_INSTANCE). Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a
+  lost instance may have decided is ever decided again (ftcoord.decisions.next_generation). A process
+  that finds the next epoch rebuilds the store from what it holds (`on_new_instance` callbacks: its
+  registration, its generation's record, the leader's term; ftcoord.rebuild), under the link's lock,
+  before any of its other operations runs; one that finds any other instance than its own or the next
+  was cut off through more than one restart: it is superseded and exits (its launcher replaces it).
+An operation retried in a new instance is the same operation; a write that must not cross instances
+(a leader's record: its judgement was made on the old one) pins the instance it was decided on, and
+raises StoreRestarted instead of being retried there.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import tenacity
+import torch.distributed as dist
+
+from ftcoord import group_sockets, keys
+from ftcoord.address import StoreAddress, check_job_id
+from ftcoord.env import STORE_INSTANCE_ENV, STORE_TIMEOUT_ENV
+from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
+from ftcoord.log import get_logger
+from ftcoord.store import KEY_PREFIX, get_or_none
+
+T = TypeVar("T")
+
+
+_RETRY_MAX_S = 0.25  # the longest pause between two reconnection attempts: a returned store is seen within it
+_WATCH_S = 0.25  # how often the watchdog looks for unanswered operations
+
+
+class StoreRestarted(FtcoordError):
+    """A pinned operation found a new instance of the store: what it was decided on is gone."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One life of the store server, as the job sees it: its epoch and a nonce nobody else drew."""
+
+    epoch: int
+    nonce: str
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Instance:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        epoch, _, nonce = text.partition(":")
+        if not epoch.isdigit() or not nonce:
+            raise FtcoordError(f"the store instance {text!r} is not 'epoch:nonce'")
+        return cls(int(epoch), nonce)
+
+    @classmethod
+    def drawn(cls, epoch: int) -> Instance:
+        return cls(epoch, secrets.token_hex(6))
+
+    def __str__(self) -> str:
+        return f"{self.epoch}:{self.nonce}"
+
+
+def instance_from_env() -> Instance | None:
+    raw = os.environ.get(STORE_INSTANCE_ENV)
+    return Instance.parse(raw) if raw else None
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """An error of the connection (the server went away, or we cut a hung call), not of the operation."""
+    if isinstance(exc, (dist.DistNetworkError, ConnectionError, BrokenPipeError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, OSError)) and any(marker in text for marker in (
+        "Connection reset", "Broken pipe", "Connection closed", "Failed to recv", "Failed to send", "got 0 bytes"))
+
+
+@dataclass
+class _Connection:
+    raw: dist.TCPStore
+    view: dist.Store
+    sockets: dict[int, str]
+    session: int
+
+
+class StoreLink:
+    """One process's access to one job's store: makes the clients, reconnects them, watches them."""
+
+    def __init__(self, address: StoreAddress | str, job_id: str, *, connect_timeout: float = 30.0,
+                 store_timeout: float = 300.0, op_timeout: float = 10.0, known: Instance | None = None,
+                 on_wait: Callable[[BaseException], None] | None = None) -> None:
+        """`known`: the instance this process knows already (its launcher's); `on_wait(error)`: called
+        once when the first connection attempt fails (see ftcoord.store.connect)."""
+        self.address = StoreAddress.parse(address) if isinstance(address, str) else address
+        self.job_id = check_job_id(job_id)
+        self.connect_timeout = connect_timeout
+        self.store_timeout = store_timeout
+        self.op_timeout = op_timeout
+        self.instance: Instance | None = known
+        self.instance_number = 0
+        """Bumped each time this process moves to a new instance of the store."""
+        self.lost: StoreLost | None = None
+        self.stale: str | None = None
+        self._on_wait = on_wait
+        self._callbacks: list[Callable[[dist.Store, dist.Store], None]] = []
+        self._lock = threading.RLock()
+        self._session = 0  # bumped by every reconnection (new instance or not)
+        self._down_since: float | None = None
+        self._watch_lock = threading.Lock()
+        self._watched: dict[int, tuple[float, dict[int, str] | None, dict[int, str]]] = {}
+        self._next_token = 0
+        self._closed = threading.Event()
+        self._log = get_logger(component="store_link", store=str(self.address))
+        self._watchdog = threading.Thread(target=self._watch, name="ftcoord-store-watch", daemon=True)
+        self._watchdog.start()
+
+    @property
+    def epoch(self) -> int:
+        return self.instance.epoch if self.instance is not None else 0
+
+    @property
+    def down(self) -> bool:
+        """The store is away right now (this process is reconnecting)."""
+        return self._down_since is not None
+
+    def on_new_instance(self, callback: Callable[[dist.Store, dist.Store], None]) -> None:
+        """Call `callback(job_view, base_view)` on a fresh client whenever this process moves to the next
+        instance (the store restarted): rebuild what the store lost. It runs under the link's lock, before
+        any other operation of this process; a connection error in it starts the reconnection again."""
+        self._callbacks.append(callback)
+
+    def client(self, *, prefixed: bool = True) -> LinkedStore:
+        """A new client for one thread (`prefixed`: the job's keys; else the whole store)."""
+        return LinkedStore(self, prefixed)
+
+    def connect(self) -> LinkedStore:
+        """The first client: connects within connect_timeout (StoreUnavailable otherwise) and settles the
+        instance (writes it when this is the first process of the job on this store)."""
+        started = time.monotonic()
+
+        def first_failure(state: tenacity.RetryCallState) -> None:
+            if self._on_wait is not None and state.attempt_number == 1 and state.outcome is not None:
+                self._on_wait(state.outcome.exception())
+
+        try:
+            connection = tenacity.Retrying(
+                before_sleep=first_failure, stop=tenacity.stop_after_delay(self.connect_timeout),
+                wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+                retry=tenacity.retry_if_exception_type((RuntimeError, OSError)), reraise=False,
+            )(lambda: self._open(max(0.2, self.connect_timeout - (time.monotonic() - started)), prefixed=True))
+        except tenacity.RetryError as exc:
+            cause = exc.last_attempt.exception()
+            raise StoreUnavailable(
+                f"no ftcoord store answered at {self.address} within {self.connect_timeout:.1f}s ({cause}); "
+                f"start one with `ftcoord-store --host {self.address.host} --port {self.address.port}` or check "
+                f"the address, the port and any firewall between here and there") from cause
+        with self._lock:
+            self._settle_first(connection.view)
+        first = LinkedStore(self, True)
+        first._connection = connection
+        return first
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _open(self, timeout: float, prefixed: bool) -> _Connection:
+        """One attempt at a new client, bounded by `timeout` even against a server that does not answer."""
+        # Knock first: TCPStore's constructor retries a refused connection inside, and can take twice its
+        # timeout before it gives up, so it is only asked once something listens.
+        with socket.create_connection((self.address.host, self.address.port), timeout=min(timeout, 2.0)):
+            pass
+        before = group_sockets.open_sockets()
+        token = self._watch_call(timeout + self.op_timeout, None, before)
+        try:
+            raw = dist.TCPStore(self.address.host, self.address.port, is_master=False,
+                                timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        finally:
+            self._unwatch(token)
+        raw.set_timeout(timedelta(seconds=300))
+        sockets = self._store_sockets(before)
+        view: dist.Store = dist.PrefixStore(f"{KEY_PREFIX}/{self.job_id}", raw) if prefixed else raw
+        return _Connection(raw, view, sockets, self._session)
+
+    def _store_sockets(self, before: dict[int, str]) -> dict[int, str]:
+        """The sockets to the store opened since `before` (another thread may open others meanwhile)."""
+        found = {}
+        for fd, inode in group_sockets.open_sockets().items():
+            if before.get(fd) == inode:
+                continue
+            try:
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                if sock.getpeername()[1] == self.address.port:
+                    found[fd] = inode
+            except OSError:
+                pass
+            finally:
+                sock.close()
+        return found
+
+    def _reopen(self, connection: _Connection | None, prefixed: bool, error: BaseException | None) -> _Connection:
+        """A working connection for a client whose connection failed (or that has none yet)."""
+        with self._lock:
+            self._raise_if_unusable()
+            if connection is None or connection.session != self._session:
+                # A new client, or reconnected meanwhile by another thread: one attempt, which settles the
+                # instance too (the store may have restarted since anyone looked), then the usual path.
+                try:
+                    return self._settled(self._open(self.op_timeout, prefixed=True), prefixed)
+                except (RuntimeError, OSError) as exc:
+                    if not is_connection_failure(exc) and not isinstance(exc, (dist.DistStoreError, OSError)):
+                        raise
+                    error = exc
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                self._log.warning("store_away", error=str(error)[:200], store_timeout_s=self.store_timeout)
+            return self._reconnect(prefixed)
+
+    def _reconnect(self, prefixed: bool) -> _Connection:
+        """Reconnect until the store answers (then settle the instance) or store_timeout passed."""
+        assert self._down_since is not None
+        attempt = 0
+        while True:
+            waited = time.monotonic() - self._down_since
+            if waited >= self.store_timeout:
+                self.lost = StoreLost(
+                    f"the ftcoord store at {self.address} has been unreachable for {waited:.0f}s "
+                    f"(store_timeout={self.store_timeout:.0f}s); restart it with `ftcoord-store --host "
+                    f"{self.address.host} --port {self.address.port}` and relaunch the job (it resumes from its "
+                    f"last checkpoint), or raise --store-timeout / {STORE_TIMEOUT_ENV} to ride out longer outages")
+                self._log.error("store_lost", waited_s=round(waited, 3), store_timeout_s=self.store_timeout)
+                raise self.lost
+            try:
+                left = self.store_timeout - waited
+                connection = self._open(min(left, self.op_timeout), prefixed=True)
+                self._session += 1
+                connection = self._settled(connection, prefixed)
+            except (RuntimeError, OSError) as exc:
+                if not is_connection_failure(exc) and not isinstance(exc, (dist.DistStoreError, OSError)):
+                    raise
+                attempt += 1
+                self._closed.wait(min(_RETRY_MAX_S, 0.02 * 2 ** min(attempt, 8)))
+                continue
+            self._log.info("store_back", away_s=round(time.monotonic() - self._down_since, 3),
+                           instance=str(self.instance), instance_number=self.instance_number)
+            self._down_since = None
+            return connection
+
+    def _settled(self, connection: _Connection, prefixed: bool) -> _Connection:
+        """A new connection, once its instance is settled (the same, or the next one rebuilt), as a client of
+        this session; bounded like any call."""
+        token = self._watch_call(self.op_timeout, connection.sockets, {})
+        try:
+            self._settle_again(connection.view, connection.raw)
+        finally:
+            self._unwatch(token)
+        connection.session = self._session
+        if not prefixed:
+            connection.view = connection.raw
+        return connection
+
+    def _raise_if_unusable(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+        if self.stale is not None:
+            raise Superseded(self.stale)
+
+    # -- the instance -----------------------------------------------------------------------
+
+    def _read_or_write_instance(self, view: dist.Store, proposal: Instance) -> Instance:
+        raw = get_or_none(view, keys.INSTANCE)
+        if raw is None:
+            raw = view.compare_set(keys.INSTANCE, "", str(proposal))
+        return Instance.parse(raw)
+
+    def _settle_first(self, view: dist.Store) -> None:
+        """A process's first connection: adopt the store's instance, or write the next one after what
+        this process knows (its launcher's), or epoch 0 for a job new to this store."""
+        known = self.instance
+        found = self._read_or_write_instance(view, Instance.drawn(known.epoch + 1 if known else 0))
+        self.instance = found
+        if known is not None and found != known:
+            self._log.info("store_instance_newer_than_launcher", known=str(known), found=str(found))
+
+    def _settle_again(self, view: dist.Store, base: dist.TCPStore) -> None:
+        """After a reconnection: the same instance (a pause, a network cut: nothing was lost), the next one
+        (restarted: rebuild it), or one this process cannot vouch for (superseded)."""
+        assert self.instance is not None
+        found = self._read_or_write_instance(view, Instance.drawn(self.instance.epoch + 1))
+        if found == self.instance:
+            return
+        if found.epoch != self.instance.epoch + 1:
+            self.stale = (f"the store at {self.address} was restarted more than once while this process was cut off "
+                          f"(its instance {self.instance}, the store's {found}): what it holds may be decided "
+                          f"again; it exits without taking part again")
+            self._log.error("store_instance_stale", known=str(self.instance), found=str(found))
+            raise Superseded(self.stale)
+        self._log.warning("store_restarted", previous=str(self.instance), instance=str(found))
+        self.instance = found
+        self.instance_number += 1
+        try:
+            for callback in self._callbacks:
+                callback(view, base)
+        except Superseded as exc:
+            self.stale = str(exc)
+            raise
+
+    # -- the watchdog -------------------------------------------------------------------------
+
+    def _watch_call(self, seconds: float, sockets: dict[int, str] | None, before: dict[int, str]) -> int:
+        """Watch an operation: after `seconds` its sockets (or, for a connection being made, every socket
+        to the store opened since `before`) are shut down, and the call fails."""
+        with self._watch_lock:
+            self._next_token += 1
+            self._watched[self._next_token] = (time.monotonic() + seconds, sockets, before)
+            return self._next_token
+
+    def _unwatch(self, token: int) -> None:
+        with self._watch_lock:
+            self._watched.pop(token, None)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(_WATCH_S):
+            now = time.monotonic()
+            with self._watch_lock:
+                overdue = [(t, w) for t, w in self._watched.items() if w[0] <= now]
+                for token, _ in overdue:
+                    self._watched.pop(token, None)
+            for _, (_, sockets, before) in overdue:
+                cut = group_sockets.shut_down(dict(sockets) if sockets is not None else self._store_sockets(before))
+                self._log.warning("store_call_unanswered", op_timeout_s=self.op_timeout, sockets_shut=cut)
+
+
+class LinkedStore:
+    """One thread's client: the `dist.Store` operations ftcoord uses, through reconnections.
+
+    Not a `dist.Store` itself (torch's PrefixStore cannot wrap it); `view()` gives the current real
+    client for what needs one (a process group's rendezvous)."""
+
+    def __init__(self, link: StoreLink, prefixed: bool) -> None:
+        self.link = link
+        self._prefixed = prefixed
+        self._connection: _Connection | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.link.epoch
+
+    @property
+    def instance_number(self) -> int:
+        return self.link.instance_number
+
+    def clone(self) -> LinkedStore:
+        return LinkedStore(self.link, self._prefixed)
+
+    def view(self) -> dist.Store:
+        """The current connection (a real dist.Store), checked alive with one round trip, connecting if needed."""
+
+        def alive(store: dist.Store) -> dist.Store:
+            store.check([keys.INSTANCE])
+            return store
+
+        return self._call(alive)
+
+    def _call(self, op: Callable[[dist.Store], T], wait_s: float = 0.0, pinned: int | None = None) -> T:
+        link = self.link
+        while True:
+            if pinned is not None and link.instance_number != pinned:
+                raise StoreRestarted(f"the store restarted (instance {link.instance}) since this write was decided")
+            connection = self._connection
+            if connection is None or link.down or link.lost is not None or link.stale is not None:
+                connection = self._connection = link._reopen(connection, self._prefixed, None)
+                if pinned is not None and link.instance_number != pinned:
+                    raise StoreRestarted(f"the store restarted (instance {link.instance}) since this write was "
+                                         f"decided")
+            token = link._watch_call(link.op_timeout + wait_s, connection.sockets, {})
+            try:
+                return op(connection.view)
+            except Exception as exc:
+                if not is_connection_failure(exc):
+                    raise
+                self._connection = link._reopen(connection, self._prefixed, exc)
+            finally:
+                link._unwatch(token)
+
+    # -- the dist.Store operations ftcoord uses ---------------------------------------------------
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._call(lambda s: s.set(key, value))
+
+    def get(self, key: str) -> bytes:
+        return self._call(lambda s: s.get(key))
+
+    def add(self, key: str, amount: int) -> int:
+        return self._call(lambda s: s.add(key, amount))
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes, *, pinned: int | None = None) -> bytes:
+        return self._call(lambda s: s.compare_set(key, expected, desired), pinned=pinned)
+
+    def check(self, names: Sequence[str]) -> bool:
+        return self._call(lambda s: s.check(list(names)))
+
+    def wait(self, names: Sequence[str], timeout: timedelta | None = None) -> None:
+        seconds = timeout.total_seconds() if timeout is not None else 300.0
+        if timeout is None:
+            self._call(lambda s: s.wait(list(names)), wait_s=seconds)
+        else:
+            self._call(lambda s: s.wait(list(names), timeout), wait_s=seconds)
+
+    def multi_get(self, names: Sequence[str]) -> list[bytes]:
+        return self._call(lambda s: s.multi_get(list(names)))
+
+    def append(self, key: str, value: str | bytes) -> None:
+        self._call(lambda s: s.append(key, value))
+
+    def delete_key(self, key: str) -> bool:
+        return self._call(lambda s: s.delete_key(key))
+
+    def num_keys(self) -> int:
+        return self._call(lambda s: s.num_keys())
+
+    def set_timeout(self, timeout: timedelta) -> None:  # every operation is bounded by the link
+        pass
+
+
+def pinned_compare_set(store: Any, pinned: int | None, key: str, expected: str, desired: str) -> bytes:
+    """compare_set that must not cross into a new store instance (a LinkedStore), or a plain one."""
+    if isinstance(store, LinkedStore):
+        return store.compare_set(key, expected, desired, pinned=pinned)
+    return store.compare_set(key, expected, desired)
+
+
+def instance_number(store: Any) -> int:
+    """How many new store instances this process has moved to (0 for a plain store)."""
+    return getattr(store, "instance_number", 0)

@@ -1,0 +1,206 @@
+"""Store clients that survive the store (ftcoord.store_link): reconnection, instances, bounded calls.
+
+Real store servers: an in-process one that is closed and started again on the same port (a restart: the
+new one is empty), and a separate `ftcoord-store` process that is SIGSTOPped (a hung server).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ftcoord import StoreProcess, StoreServer, keys, rebuild
+from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
+from ftcoord.errors import StoreLost, Superseded
+from ftcoord.record import GenerationRecord
+from ftcoord.store import get_or_none
+from ftcoord.store_link import Instance, StoreLink, StoreRestarted
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Restartable:
+    """A store server on a fixed port that can die and come back empty."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.server: StoreServer | None = StoreServer("127.0.0.1", self.port)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        self.server = None
+
+    def start(self) -> None:
+        self.server = StoreServer("127.0.0.1", self.port)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def store() -> Iterator[Restartable]:
+    restartable = Restartable()
+    yield restartable
+    if restartable.server is not None:
+        restartable.server.close()
+
+
+def link(store: Restartable, job_id: str, **kwargs: float) -> StoreLink:
+    options = {"connect_timeout": 10.0, "store_timeout": 20.0, "op_timeout": 5.0, **kwargs}
+    return StoreLink(store.address, job_id, **options)
+
+
+def record(generation: int) -> GenerationRecord:
+    return GenerationRecord(generation=generation, members=(0, 1), incarnations=(1, 1), leader=0, leader_term=3,
+                            target_world_size=2, heal_source=0, start_step=10, liveness_read_at=0.0)
+
+
+def test_a_client_rides_through_a_restart_and_the_store_is_rebuilt_before_its_operation(
+        store: Restartable, job_id: str) -> None:
+    first = link(store, job_id)
+    client = first.connect()
+    assert first.instance is not None and first.instance.epoch == 0
+    client.set("mine", "1")
+    held = record(7)
+    rebuilt: list[str] = []
+
+    def on_new_instance(view, base) -> None:
+        rebuild.record(view, held, None)
+        rebuilt.append("record")
+
+    first.on_new_instance(on_new_instance)
+    store.restart()
+    # The first operation after the restart reconnects, sees an empty store, moves to epoch 1 and rebuilds.
+    assert get_or_none(client, "mine") is None
+    assert rebuilt == ["record"] and first.instance.epoch == 1 and first.instance_number == 1
+    assert read_record(client, 7) == held
+    assert int(get_or_none(client, keys.CURRENT) or 0) == 7
+    # Every member of the record is registered again, so one that never comes back is judged by its silence.
+    assert client.multi_get([keys.heartbeat(0), keys.heartbeat(1), keys.incarnation(1)]) == [b"0", b"0", b"1"]
+    # The new epoch never decides a number the lost instance may have decided.
+    assert next_generation(client, 7) == EPOCH_SPAN + 1
+    first.close()
+
+
+def test_a_paused_leaders_write_never_crosses_into_a_restarted_store(store: Restartable, job_id: str) -> None:
+    """A leader decided generation 8 on what the lost instance showed, paused, and wakes in the new one: its
+    pinned compare_set of the record raises instead of writing (without the pin it writes generation 8 there,
+    a number the lost instance may have decided)."""
+    leader = link(store, job_id)
+    client = leader.connect()
+    decided_on = leader.instance_number
+    store.restart()
+    with pytest.raises(StoreRestarted):
+        client.compare_set(keys.record(8), "", record(8).to_json(), pinned=decided_on)
+    assert get_or_none(client, keys.record(8)) is None
+    leader.close()
+
+
+def test_a_process_cut_off_through_two_restarts_is_superseded(store: Restartable, job_id: str) -> None:
+    """The store restarted twice while one process was paused: the others moved to epoch 2 and may have decided
+    numbers of epoch 1 it never saw. It must not rebuild anything from its epoch-0 knowledge: Superseded."""
+    awake, paused = link(store, job_id), link(store, job_id)
+    awake_client, paused_client = awake.connect(), paused.connect()
+    held = record(5)
+    paused.on_new_instance(lambda view, base: rebuild.record(view, held, None))
+    for _ in range(2):
+        store.restart()
+        awake_client.check([keys.INSTANCE])  # moves to the next instance
+    assert awake.instance.epoch == 2
+    with pytest.raises(Superseded, match="restarted more than once"):
+        paused_client.check([keys.INSTANCE])
+    with pytest.raises(Superseded):  # and stays so
+        paused_client.set("x", "1")
+    assert get_or_none(awake_client, keys.record(5)) is None
+    awake.close()
+    paused.close()
+
+
+def test_a_replacement_started_while_the_store_was_away_writes_the_next_epoch(store: Restartable, job_id: str) -> None:
+    """A process its launcher starts during the outage knows the launcher's instance: first to reach the empty
+    store, it writes epoch+1, not 0 (epoch 0 would decide the lost instance's numbers again)."""
+    launcher = link(store, job_id)
+    launcher.connect()
+    known = launcher.instance
+    store.restart()
+    replacement = StoreLink(store.address, job_id, known=known)
+    replacement.connect()
+    assert replacement.instance is not None and replacement.instance.epoch == known.epoch + 1
+    launcher.client().check([keys.INSTANCE])
+    assert launcher.instance == replacement.instance  # the launcher adopts it: the next epoch of its own
+    launcher.close()
+    replacement.close()
+
+
+def test_a_store_away_past_store_timeout_raises_store_lost_naming_the_address(store: Restartable, job_id: str) -> None:
+    lost = link(store, job_id, store_timeout=1.5)
+    client = lost.connect()
+    store.kill()
+    started = time.monotonic()
+    with pytest.raises(StoreLost, match=rf"{store.address}.*unreachable for \d+s.*store_timeout=2s"):
+        client.add("counter", 1)
+    assert time.monotonic() - started < 6.0
+    with pytest.raises(StoreLost):  # at once from then on
+        client.check(["x"])
+    lost.close()
+
+
+def test_a_hung_store_is_a_store_away_not_a_frozen_client(job_id: str) -> None:
+    """A SIGSTOPped server hangs TCPStore calls past every timeout; the link cuts the call after op_timeout and
+    gives up at store_timeout, while the server is still stopped (without the cut: blocked until SIGCONT)."""
+    server = StoreProcess.start("127.0.0.1", 0)
+    resume = threading.Timer(40.0, lambda: server.process.send_signal(signal.SIGCONT))
+    try:
+        hung = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=3.0)
+        client = hung.connect()
+        client.set("a", "1")
+        server.process.send_signal(signal.SIGSTOP)
+        resume.start()
+        started = time.monotonic()
+        with pytest.raises(StoreLost):
+            client.get("a")
+        assert time.monotonic() - started < 10.0
+        hung.close()
+    finally:
+        resume.cancel()
+        server.process.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+def test_a_store_that_answers_again_after_a_hang_is_the_same_instance(job_id: str) -> None:
+    """A hang outlasting op_timeout but not store_timeout: the cut call reconnects to the same instance, which
+    lost nothing: no rebuild, the value is still there."""
+    server = StoreProcess.start("127.0.0.1", 0)
+    try:
+        paused = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=30.0)
+        client = paused.connect()
+        before = paused.instance
+        client.set("a", "1")
+        server.process.send_signal(signal.SIGSTOP)
+        threading.Timer(2.5, lambda: server.process.send_signal(signal.SIGCONT)).start()
+        assert client.get("a") == b"1"
+        assert paused.instance == before and paused.instance_number == 0
+        paused.close()
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+def test_instances_parse_and_refuse_garbage() -> None:
+    assert Instance.parse(b"3:abc") == Instance(3, "abc")
+    with pytest.raises(Exception, match="epoch:nonce"):
+        Instance.parse("x")
