@@ -15,11 +15,15 @@ from collections.abc import Iterator
 import pytest
 
 from ftcoord import StoreProcess, StoreServer, keys, rebuild
+from ftcoord.config import Timing
 from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
 from ftcoord.errors import StoreLost, Superseded
+from ftcoord.generation import GenerationClient
 from ftcoord.record import GenerationRecord
+from ftcoord.slots import register
 from ftcoord.store import get_or_none
 from ftcoord.store_link import Instance, StoreLink, StoreRestarted
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -204,3 +208,30 @@ def test_instances_parse_and_refuse_garbage() -> None:
     assert Instance.parse(b"3:abc") == Instance(3, "abc")
     with pytest.raises(Exception, match="epoch:nonce"):
         Instance.parse("x")
+
+
+def test_a_joiner_waiting_through_a_restart_announces_itself_again_for_the_new_epoch(
+        store: Restartable, job_id: str) -> None:
+    """A process that announced itself for generation 1 and waits for its record when the store restarts: its
+    announcement is lost with the store and generation 1 is never decided there (the new epoch decides above
+    EPOCH_SPAN). It announces itself again for EPOCH_SPAN + 1 and joins the record decided there."""
+    joiner_link = link(store, job_id)
+    joiner_store = joiner_link.connect()
+    incarnation = register(joiner_store, 0)
+    timing = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0)
+    joiner = GenerationClient(joiner_store, 0, incarnation, timing)
+    joined: list[GenerationRecord] = []
+    thread = threading.Thread(target=lambda: joined.append(joiner.join(step=5)), daemon=True)
+    thread.start()
+    leader = link(store, job_id).connect()
+    wait_until(lambda: get_or_none(leader, keys.joiners(1)) is not None, 10, "the announcement for generation 1")
+    store.restart()
+    wait_until(lambda: get_or_none(leader, keys.joiners(EPOCH_SPAN + 1)) is not None, 10,
+               "the announcement again, for the new epoch's first generation")
+    assert get_or_none(leader, keys.joiners(1)) is None, "it announced itself for a number of the lost store"
+    decided = GenerationRecord(generation=EPOCH_SPAN + 1, members=(0,), incarnations=(incarnation,), leader=0,
+                               leader_term=1, target_world_size=1, heal_source=0, start_step=5, liveness_read_at=0.0)
+    leader.compare_set(keys.record(EPOCH_SPAN + 1), "", decided.to_json())
+    thread.join(10)
+    assert joined == [decided]
+    joiner_link.close()
