@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.store import get_or_none
+from ftcoord.store import get_or_none, read_int
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,17 @@ def read_joins(store: dist.Store, generation: int) -> list[JoinRequest]:
             if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
                 newest[join.slot] = join
     return list(newest.values())
+
+
+def forget(store: dist.Store, generation: int) -> None:
+    """Delete an old generation's keys, so a long job does not grow the store forever; its record becomes a
+    tombstone, so it can never be written again (see ftcoord.leader's module docstring)."""
+    if generation < 1:
+        return
+    count = read_int(store, keys.join_count(generation))
+    store.set(keys.record(generation), keys.FORGOTTEN)
+    for key in (keys.joiners(generation), keys.join_count(generation),
+                keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
+                keys.finished(generation), keys.arrived(generation), keys.all_arrived(generation),
+                *(keys.join_signal(generation, n) for n in range(1, count + 1))):
+        store.delete_key(key)

@@ -51,6 +51,7 @@ from ftcoord.decisions import (
     LeaderClaim,
     advance_current,
     current_generation,
+    forget,
     next_generation,
     read_joins,
     read_record,
@@ -431,19 +432,6 @@ class LeaderDuty:
                            members=list(record.members), world_size=record.world_size,
                            spares=list(record.spares), partial=partial,
                            heal_source=record.heal_source, start_step=record.start_step)
-        self._forget(record.generation - self.KEEP_GENERATIONS)
+        forget(self._store, record.generation - self.KEEP_GENERATIONS)
         self._open.pop(record.generation, None)
         return True
-
-    def _forget(self, generation: int) -> None:
-        """Delete an old generation's keys, so a long job does not grow the store forever; its record
-        becomes a tombstone, so it can never be written again (see the module docstring)."""
-        if generation < 1:
-            return
-        count = read_int(self._store, keys.join_count(generation))
-        self._store.set(keys.record(generation), keys.FORGOTTEN)
-        for key in (keys.joiners(generation), keys.join_count(generation),
-                    keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
-                    keys.finished(generation), keys.arrived(generation), keys.all_arrived(generation),
-                    *(keys.join_signal(generation, n) for n in range(1, count + 1))):
-            self._store.delete_key(key)

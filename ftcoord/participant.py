@@ -66,7 +66,7 @@ class Participant:
         """Connect, register and start the helper threads (`on_wait`: see `ftcoord.store.connect`)."""
         self.link = StoreLink(self.address, self.job_id, connect_timeout=self.timing.connect_timeout,
                               store_timeout=self.timing.store_timeout, op_timeout=self.timing.store_op_timeout,
-                              known=instance_from_env(), on_wait=on_wait)
+                              known=instance_from_env(), may_start_job=True, on_wait=on_wait)
         self.store = self.link.connect()
         base = self.link.client(prefixed=False)
         self.incarnation = register(self.store, self.slot)

@@ -111,15 +111,18 @@ class StoreLink:
 
     def __init__(self, address: StoreAddress | str, job_id: str, *, connect_timeout: float = 30.0,
                  store_timeout: float = 300.0, op_timeout: float = 10.0, known: Instance | None = None,
-                 on_wait: Callable[[BaseException], None] | None = None) -> None:
-        """`known`: the instance this process knows already (its launcher's); `on_wait(error)`: called
-        once when the first connection attempt fails (see ftcoord.store.connect)."""
+                 may_start_job: bool = False, on_wait: Callable[[BaseException], None] | None = None) -> None:
+        """`known`: the instance this process knows already (its launcher's); `may_start_job`: a process that
+        knows none may write epoch 0 into a store without one (a job's participants; not a launcher or an
+        observer); `on_wait(error)`: called once when the first connection attempt fails (see
+        ftcoord.store.connect)."""
         self.address = StoreAddress.parse(address) if isinstance(address, str) else address
         self.job_id = check_job_id(job_id)
         self.connect_timeout = connect_timeout
         self.store_timeout = store_timeout
         self.op_timeout = op_timeout
         self.instance: Instance | None = known
+        self.may_start_job = may_start_job
         self.instance_number = 0
         """Bumped each time this process moves to a new instance of the store."""
         self.lost: StoreLost | None = None
@@ -294,32 +297,52 @@ class StoreLink:
 
     # -- the instance -----------------------------------------------------------------------
 
-    def _read_or_write_instance(self, view: dist.Store, proposal: Instance) -> Instance:
+    def _read_or_write_instance(self, view: dist.Store, proposal: Instance | None) -> Instance | None:
+        """The store's instance; when it has none, `proposal` is written first (None: nothing is written)."""
         raw = get_or_none(view, keys.INSTANCE)
-        if raw is None:
+        if raw is None and proposal is not None:
             raw = view.compare_set(keys.INSTANCE, "", str(proposal))
-        return Instance.parse(raw)
+        return Instance.parse(raw) if raw is not None else None
+
+    def _proposal(self) -> Instance | None:
+        """What this process would write into a store without an instance: the next epoch after the one it
+        knows, or epoch 0 when it knows none and may start the job (a participant; a launcher or an
+        observer that knows nothing waits for one: it could not tell a new job from a restarted store)."""
+        if self.instance is not None:
+            return Instance.drawn(self.instance.epoch + 1)
+        return Instance.drawn(0) if self.may_start_job else None
 
     def _settle_first(self, view: dist.Store) -> None:
         """A process's first connection: adopt the store's instance, or write the next one after what
         this process knows (its launcher's), or epoch 0 for a job new to this store."""
         known = self.instance
-        found = self._read_or_write_instance(view, Instance.drawn(known.epoch + 1 if known else 0))
-        self.instance = found
-        if known is not None and found != known:
-            self._log.info("store_instance_newer_than_launcher", known=str(known), found=str(found))
+        self.instance = self._read_or_write_instance(view, self._proposal()) or known
+        if known is not None and self.instance != known:
+            self._log.info("store_instance_newer_than_launcher", known=str(known), found=str(self.instance))
+
+    def learn_instance(self, client: LinkedStore) -> Instance | None:
+        """The instance, read from the store if this process did not know it yet (a launcher learns it from its
+        first processes, and hands it to the processes it starts later)."""
+        if self.instance is None:
+            with self._lock:
+                if self.instance is None:
+                    self.instance = self._read_or_write_instance(client.view(), None)
+        return self.instance
 
     def _settle_again(self, view: dist.Store, base: dist.TCPStore) -> None:
         """After a reconnection: the same instance (a pause, a network cut: nothing was lost), the next one
         (restarted: rebuild it), or one this process cannot vouch for (superseded)."""
-        assert self.instance is not None
-        found = self._read_or_write_instance(view, Instance.drawn(self.instance.epoch + 1))
+        found = self._read_or_write_instance(view, self._proposal())
+        if self.instance is None or found is None:  # knew none (nothing to rebuild), or the store has none yet
+            self.instance = self.instance or found
+            return
         if found == self.instance:
             return
         if found.epoch != self.instance.epoch + 1:
-            self.stale = (f"the store at {self.address} was restarted more than once while this process was cut off "
-                          f"(its instance {self.instance}, the store's {found}): what it holds may be decided "
-                          f"again; it exits without taking part again")
+            self.stale = (f"the store at {self.address} holds instance {found} of this job, which does not follow "
+                          f"the one this process knew ({self.instance}): the store was restarted more than once "
+                          f"while this process was cut off, or a process that knew nothing of the job reached it "
+                          f"first; what this process holds may be decided again, so it exits without taking part")
             self._log.error("store_instance_stale", known=str(self.instance), found=str(found))
             raise Superseded(self.stale)
         self._log.warning("store_restarted", previous=str(self.instance), instance=str(found))

@@ -27,16 +27,16 @@ import torch.distributed as dist
 
 from ftcoord import env, keys, launcher_report, rebuild, scratch
 from ftcoord.decisions import LeaderClaim
-from ftcoord.errors import EXIT_STORE_LOST, StoreLost
+from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.heartbeat import mark_dead
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
-from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
+from ftcoord.standby import ForkedProcess, PythonCommand
+from ftcoord.standby_keeper import StandbyKeeper
 from ftcoord.store import get_or_none, read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
-STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -92,8 +92,6 @@ class Supervisor:
     config: LaunchConfig
     store: dist.Store  # job-scoped
     slots: dict[int, SlotProcess] = field(default_factory=dict)
-    standby: WarmStandby | None = None
-    _standby_started: float | None = None
     job_restarts: int = 0
     terminating_since: float | None = None
 
@@ -105,6 +103,7 @@ class Supervisor:
             self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
         if self.config.restart_policy == "job":
             self._use_standby = False  # the whole-job restart baseline starts every process afresh
+        self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
         self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
         self._env = children_env(self.config.nproc)
         if "OMP_NUM_THREADS" not in os.environ:
@@ -130,8 +129,9 @@ class Supervisor:
         values = {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank),
                   env.STORE_TIMEOUT_ENV: str(self.config.store_timeout_s)}
         link = getattr(self.store, "link", None)
-        if link is not None and link.instance is not None:  # a child that starts while the store is away knows it
-            values[env.STORE_INSTANCE_ENV] = str(link.instance)
+        instance = link.learn_instance(self.store) if link is not None else None
+        if instance is not None:  # a child that starts while the store is away knows which one it was
+            values[env.STORE_INSTANCE_ENV] = str(instance)
         return values
 
     def rebuild(self, store: dist.Store, base: dist.Store) -> None:
@@ -155,7 +155,7 @@ class Supervisor:
         waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
         """
         forked = self._fork(slot) if from_standby and self._use_standby else None
-        if forked is None and self._standby_warming():
+        if forked is None and self.standby.warming():
             slot.restart_due = time.monotonic() + 0.02  # asked again at the next ticks
             return
         slot.incarnation = read_int(self.store, keys.incarnation(slot.slot)) + 1
@@ -174,56 +174,23 @@ class Supervisor:
         self._report_to(self.store, slot)
 
     def _report_to(self, store: dist.Store, slot: SlotProcess) -> None:
-        standby = self.standby
-        state = launcher_report.standby_state(self._use_standby, standby is not None and standby.alive,
-                                              standby is not None and standby.ready)
         launcher_report.publish(store, slot.slot, slot.process.pid if slot.process else None,
-                                slot.restart_kinds, state)
+                                slot.restart_kinds, self.standby.state())
 
-    # -- the warm standby -----------------------------------------------------------------
+    # -- the warm standby (ftcoord.standby_keeper) -----------------------------------------
 
     def _refresh_standby(self) -> None:
-        """Keep one warm standby (see ftcoord.standby) while the job runs; note when it is ready.
+        if self.terminating_since is None:
+            self.standby.refresh({**self._env, **self._job_env()}, on_ready=self._report_all)
 
-        The first one warms up at normal priority: the node's ranks are forked from it, nothing
-        else runs yet. One started again later (the first died) warms up niced, beside training.
-        """
-        if not self._use_standby or self.terminating_since is not None:
-            return
-        if self.standby is not None and not self.standby.alive:
-            self._log.warning("standby_died", pid=self.standby.process.pid, code=self.standby.process.returncode)
-            self.standby = None
-        if self.standby is None:
-            first = self._standby_started is None
-            self.standby = WarmStandby.start(self.config.command, {**self._env, **self._job_env()}, niced=not first)
-            self._standby_started = time.monotonic()
-        was_ready = self.standby.ready
-        self.standby.pump()
-        if self.standby.ready and not was_ready:
-            for slot in self.slots.values():
-                self._report(slot)
-            self._log.info("standby_ready", pid=self.standby.process.pid, preloaded=self.standby.refused is None,
-                           warmup_s=round(time.monotonic() - (self._standby_started or 0.0), 3))
-            if self.standby.refused is not None:
-                self._log.warning("standby_preload_refused", reason=self.standby.refused,
-                                  why="the command's module refused its command line; its processes will say why")
-
-    def _standby_warming(self) -> bool:
-        """The standby is alive, not ready yet, and has not taken longer than STANDBY_WAIT_S."""
-        return (self.standby is not None and self.standby.alive and not self.standby.ready
-                and self._standby_started is not None and time.monotonic() - self._standby_started < STANDBY_WAIT_S)
+    def _report_all(self) -> None:
+        for slot in self.slots.values():
+            self._report(slot)
 
     def _fork(self, slot: SlotProcess) -> ForkedProcess | None:
         """The slot's process forked by the ready warm standby, in milliseconds; None when it is not ready."""
         self._refresh_standby()
-        if self.standby is None:
-            return None
-        return self.standby.spawn(self._child_env(slot))
-
-    def _release_standby(self) -> None:
-        if self.standby is not None:
-            self.standby.close()
-            self.standby = None
+        return self.standby.fork(self._child_env(slot))
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -239,10 +206,10 @@ class Supervisor:
                     now = time.monotonic()
                     code = self._tick(now)
                     if code is not None:
-                        self._release_standby()
+                        self.standby.release()
                         return code
                     time.sleep(self.config.poll_s)
-            except StoreLost as exc:
+            except (StoreLost, Superseded) as exc:
                 return self._store_lost(exc)
         finally:
             removed = scratch.release(self.config.job_id, self.config.slots)
@@ -426,9 +393,10 @@ class Supervisor:
             slot.process.kill()
             slot.fence_killed = True
 
-    def _store_lost(self, exc: StoreLost) -> int:
-        """The store stayed away past store_timeout: the processes saw it too; they write their emergency
-        checkpoint and exit 75. Wait for them (up to the grace period), then end with the same code."""
+    def _store_lost(self, exc: StoreLost | Superseded) -> int:
+        """The store stayed away past store_timeout (or came back as an instance this launcher cannot vouch
+        for): the processes saw it too; they write their emergency checkpoint and exit 75. Wait for them (up
+        to the grace period), then end with the same code."""
         self._log.error("store_lost_exit", error=str(exc), exit_code=EXIT_STORE_LOST)
         print(f"ftcoord-launch: {exc}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + self.config.grace_s
@@ -441,7 +409,7 @@ class Supervisor:
                 self._log.error("child_killed_after_grace", slot=slot.slot, pid=slot.process.pid)
                 slot.process.kill()
                 wait_killed(slot.process)
-        self._release_standby()
+        self.standby.release()
         return EXIT_STORE_LOST
 
     # -- termination ---------------------------------------------------------------------

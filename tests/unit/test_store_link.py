@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftcoord import StoreProcess, StoreServer, keys, rebuild
+from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, keys, pausepoints, rebuild
 from ftcoord.config import Timing
 from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
 from ftcoord.errors import StoreLost, Superseded
@@ -64,7 +64,8 @@ def store() -> Iterator[Restartable]:
 
 
 def link(store: Restartable, job_id: str, **kwargs: float) -> StoreLink:
-    options = {"connect_timeout": 10.0, "store_timeout": 20.0, "op_timeout": 5.0, **kwargs}
+    """A participant's link (it may start the job)."""
+    options = {"connect_timeout": 10.0, "store_timeout": 20.0, "op_timeout": 5.0, "may_start_job": True, **kwargs}
     return StoreLink(store.address, job_id, **options)
 
 
@@ -125,7 +126,7 @@ def test_a_process_cut_off_through_two_restarts_is_superseded(store: Restartable
         store.restart()
         awake_client.check([keys.INSTANCE])  # moves to the next instance
     assert awake.instance.epoch == 2
-    with pytest.raises(Superseded, match="restarted more than once"):
+    with pytest.raises(Superseded, match="does not follow"):
         paused_client.check([keys.INSTANCE])
     with pytest.raises(Superseded):  # and stays so
         paused_client.set("x", "1")
@@ -141,7 +142,7 @@ def test_a_replacement_started_while_the_store_was_away_writes_the_next_epoch(st
     launcher.connect()
     known = launcher.instance
     store.restart()
-    replacement = StoreLink(store.address, job_id, known=known)
+    replacement = StoreLink(store.address, job_id, known=known, may_start_job=True)
     replacement.connect()
     assert replacement.instance is not None and replacement.instance.epoch == known.epoch + 1
     launcher.client().check([keys.INSTANCE])
@@ -169,7 +170,7 @@ def test_a_hung_store_is_a_store_away_not_a_frozen_client(job_id: str) -> None:
     server = StoreProcess.start("127.0.0.1", 0)
     resume = threading.Timer(40.0, lambda: server.process.send_signal(signal.SIGCONT))
     try:
-        hung = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=3.0)
+        hung = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=3.0, may_start_job=True)
         client = hung.connect()
         client.set("a", "1")
         server.process.send_signal(signal.SIGSTOP)
@@ -190,9 +191,10 @@ def test_a_store_that_answers_again_after_a_hang_is_the_same_instance(job_id: st
     lost nothing: no rebuild, the value is still there."""
     server = StoreProcess.start("127.0.0.1", 0)
     try:
-        paused = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=30.0)
+        paused = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=30.0, may_start_job=True)
         client = paused.connect()
         before = paused.instance
+        assert before is not None
         client.set("a", "1")
         server.process.send_signal(signal.SIGSTOP)
         threading.Timer(2.5, lambda: server.process.send_signal(signal.SIGCONT)).start()
@@ -235,3 +237,50 @@ def test_a_joiner_waiting_through_a_restart_announces_itself_again_for_the_new_e
     thread.join(10)
     assert joined == [decided]
     joiner_link.close()
+
+
+def test_a_leader_paused_before_its_record_write_through_a_restart_decides_nothing_there(
+        store: Restartable, job_id: str) -> None:
+    """The leader has generation 2's record ready, pauses (a pause point), the store restarts empty, the leader
+    wakes: its write is pinned to the instance it observed, so generation 2 (a number of the lost store) is
+    never written in the new one; the joiner joins the new epoch's first generation instead. Without the pin
+    the leader writes record 2 into the new store."""
+    fast = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.3, barrier_timeout=10.0)
+    member = Participant(store.address, job_id, 0, QuorumPolicy(1), fast, on_helper_failure=lambda reason: None)
+    member.start()
+    try:
+        wait_until(lambda: member.leader.is_leader, 5, "slot 0 to lead")
+        assert member.join(0).generation == 1
+        gate = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+        try:
+            member.interrupt("test")
+            joined: list[GenerationRecord] = []
+            thread = threading.Thread(target=lambda: joined.append(member.join(0)), daemon=True)
+            thread.start()
+            assert gate.wait_reached(5), "the leader never came to write generation 2"
+            store.restart()
+            observer = StoreLink(store.address, job_id).connect()  # an observer: it never writes an instance
+            wait_until(lambda: get_or_none(observer, keys.record(1)) is not None, 10, "the store to be rebuilt")
+        finally:
+            gate.release()
+        thread.join(15)
+        assert joined and joined[0].generation == EPOCH_SPAN + 1, joined
+        assert get_or_none(observer, keys.record(2)) is None, "the paused leader decided a lost store's number"
+    finally:
+        member.close()
+
+
+def test_an_observer_that_knows_nothing_never_writes_an_instance(store: Restartable, job_id: str) -> None:
+    """A launcher's or the chaos runner's link, first at a restarted store, cannot tell it from a new job's:
+    it writes nothing (epoch 0 there would make every process of the job superseded), and learns the instance
+    the job's processes write."""
+    member = link(store, job_id)
+    member.connect()
+    store.restart()
+    observer = StoreLink(store.address, job_id)
+    client = observer.connect()
+    assert observer.instance is None and get_or_none(client, keys.INSTANCE) is None
+    member.client().check([keys.INSTANCE])  # the member moves on to epoch 1
+    assert observer.learn_instance(client) == member.instance and member.instance.epoch == 1
+    member.close()
+    observer.close()

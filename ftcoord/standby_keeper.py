@@ -1,0 +1,71 @@
+"""The launcher's warm standby, kept: one template process (ftcoord.standby) alive and warm while the job
+runs, forking each slot's process in milliseconds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ftcoord import launcher_report
+from ftcoord.standby import ForkedProcess, WarmStandby
+
+STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
+
+
+class StandbyKeeper:
+    """Starts the standby, restarts it when it died, says when it is ready, forks from it."""
+
+    def __init__(self, command: list[str], enabled: bool, log: object) -> None:
+        self._command = command
+        self.enabled = enabled
+        self._log = log
+        self.standby: WarmStandby | None = None
+        self._started: float | None = None
+
+    def refresh(self, env: dict[str, str], on_ready: Callable[[], None]) -> None:
+        """Keep one warm standby (`env`: the job's environment); call `on_ready` when it became ready.
+
+        The first one warms up at normal priority: the node's ranks are forked from it, nothing else runs
+        yet. One started again later (the first died) warms up niced, beside training.
+        """
+        if not self.enabled:
+            return
+        log = self._log
+        if self.standby is not None and not self.standby.alive:
+            log.warning("standby_died", pid=self.standby.process.pid, code=self.standby.process.returncode)
+            self.standby = None
+        if self.standby is None:
+            first = self._started is None
+            self.standby = WarmStandby.start(self._command, env, niced=not first)
+            self._started = time.monotonic()
+        was_ready = self.standby.ready
+        self.standby.pump()
+        if self.standby.ready and not was_ready:
+            on_ready()
+            log.info("standby_ready", pid=self.standby.process.pid, preloaded=self.standby.refused is None,
+                     warmup_s=round(time.monotonic() - (self._started or 0.0), 3))
+            if self.standby.refused is not None:
+                log.warning("standby_preload_refused", reason=self.standby.refused,
+                            why="the command's module refused its command line; its processes will say why")
+
+    def warming(self) -> bool:
+        """The standby is alive, not ready yet, and has not taken longer than STANDBY_WAIT_S."""
+        return (self.standby is not None and self.standby.alive and not self.standby.ready
+                and self._started is not None and time.monotonic() - self._started < STANDBY_WAIT_S)
+
+    def fork(self, env: dict[str, str]) -> ForkedProcess | None:
+        """A process forked by the ready standby with `env` added; None when there is none ready."""
+        if self.standby is None:
+            return None
+        return self.standby.spawn(env)
+
+    def state(self) -> str:
+        """For the launcher's report (ftcoord.launcher_report)."""
+        standby = self.standby
+        return launcher_report.standby_state(self.enabled, standby is not None and standby.alive,
+                                             standby is not None and standby.ready)
+
+    def release(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
+            self.standby = None
