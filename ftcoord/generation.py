@@ -124,6 +124,7 @@ class GenerationClient:
             if self.is_stopped():
                 return True
             if self.is_interrupted(record.generation):
+                self._finished_in = None  # not finished after all: a rebuilt store must not count it
                 return False
 
     def _count_finished(self, store: dist.Store, record: GenerationRecord, stopping: bool) -> None:

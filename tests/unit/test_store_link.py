@@ -284,3 +284,21 @@ def test_an_observer_that_knows_nothing_never_writes_an_instance(store: Restarta
     assert observer.learn_instance(client) == member.instance and member.instance.epoch == 1
     member.close()
     observer.close()
+
+
+def test_a_finish_that_was_interrupted_is_not_counted_again_in_a_rebuilt_store(
+        store: Restartable, job_id: str) -> None:
+    """A member returned in generation 3 (finished 1 of 2), then the generation was interrupted and it trained
+    on elsewhere: a rebuild must not count that finish again (every member doing so would mark the job done)."""
+    member_link = link(store, job_id)
+    member_store = member_link.connect()
+    client = GenerationClient(member_store, 0, 1, Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0))
+    held = record(3)
+    threading.Timer(0.3, lambda: member_store.clone().compare_set(keys.interrupt(3), "", "test")).start()
+    assert client.finish(held) is False
+    assert get_or_none(member_store, keys.finished(3)) == b"1"
+    store.restart()
+    view = member_store.view()  # reconnects: a new, empty instance
+    client.rebuild(view)
+    assert get_or_none(view, keys.finished(3)) is None and get_or_none(view, keys.DONE) is None
+    member_link.close()
