@@ -17,8 +17,10 @@ index), and:
 - **knows the instance**. A restarted server is empty. Each job keeps `instance` = "epoch:nonce" in the
   store: the first process to reconnect to an empty store writes the epoch it knew plus one (with
   compare_set from absent; a process started by ftcoord-launch knows its launcher's instance from
-  FTCOORD_STORE_INSTANCE). Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a
-  lost instance may have decided is ever decided again (ftcoord.decisions.next_generation). A process
+  FTCOORD_STORE_INSTANCE). Only a job's participants write epoch 0, for a job new to the store: a launcher or
+  an observer that knows no instance cannot tell a new job's store from a restarted one, and writes nothing.
+  Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a lost instance may have decided
+  is ever decided again (ftcoord.decisions.next_generation). A process
   that finds the next epoch rebuilds the store from what it holds (`on_new_instance` callbacks: its
   registration, its generation's record, the leader's term; ftcoord.rebuild), under the link's lock,
   before any of its other operations runs; one that finds any other instance than its own or the next

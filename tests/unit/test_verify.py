@@ -39,7 +39,7 @@ def step_line(step: int, generation: int, rank: int, world: int, pid: int, mono:
 
 def clean_records(world: int = WORLD, generation: int = 1, start: int = 0, end: int = STEPS) -> list[dict[str, Any]]:
     records = [generation_line(generation, r, world, start, 100 + r) for r in range(world)]
-    mono = float(start * world)
+    mono = float(generation * 10_000 + start * world)  # a later generation trains later, as on one host
     for step in range(start, end):
         for rank in range(world):
             mono += 1
@@ -165,6 +165,18 @@ def test_ranks_finishing_with_different_parameters_fail() -> None:
     records = clean_records() + finals()
     records[-1] = {**records[-1], "digest": "xyz"}
     assert "ranks finished with different parameters" in " ".join(verify(records).problems)
+
+
+def test_generation_numbers_must_increase_with_time() -> None:
+    """A number decided twice, or a restarted store reusing a lower number, shows as a higher generation
+    committing steps before a lower one's last step."""
+    records = clean_records(end=10) + clean_records(generation=2, start=10) + finals()
+    for r in records:
+        if r["kind"] == "step" and r["generation"] == 2:
+            r["mono"] -= 20_000  # generation 2 "trained" before generation 1
+    verdict = verify(records)
+    assert any("generation 2 committed a step at mono" in p and "before generation 1's last step" in p
+               for p in verdict.problems), verdict.problems
 
 
 def test_a_world_size_change_is_followed_step_by_step() -> None:
