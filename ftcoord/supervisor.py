@@ -120,14 +120,16 @@ class Supervisor:
             env.JOB_ID_ENV: self.config.job_id,
             env.WORLD_SIZE_ENV: str(self.config.target_world_size),
             env.LAUNCHER_PID_ENV: str(os.getpid()),
+            # In the job's environment, not only a child's: a Wrapper built when the standby imports the module
+            # reads it then.
+            env.STORE_TIMEOUT_ENV: str(self.config.store_timeout_s),
         }
         if self.config.log_dir:
             values[env.LOG_DIR_ENV] = self.config.log_dir
         return values
 
     def _child_env(self, slot: SlotProcess) -> dict[str, str]:
-        values = {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank),
-                  env.STORE_TIMEOUT_ENV: str(self.config.store_timeout_s)}
+        values = {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank)}
         link = getattr(self.store, "link", None)
         instance = link.learn_instance(self.store) if link is not None else None
         if instance is not None:  # a child that starts while the store is away knows which one it was
