@@ -20,6 +20,7 @@ from ftcoord.log import get_logger
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
 from ftcoord.store import wait_for_key
+from ftcoord.store_link import LinkedStore
 
 
 class GenerationInterrupted(FtcoordError):
@@ -114,8 +115,9 @@ class CallWrapper:
         return self._participant.leader.is_leader
 
     @property
-    def store(self) -> dist.Store:
-        """The job-scoped store (keys under `ftcoord/<job_id>/`)."""
+    def store(self) -> LinkedStore:
+        """The job-scoped store (keys under `ftcoord/<job_id>/`): the `dist.Store` operations, riding through a
+        store that goes away and comes back (ftcoord.store_link); `.view()` is the current real `dist.Store`."""
         return self._participant.store
 
     # -- signals ----------------------------------------------------------------------
