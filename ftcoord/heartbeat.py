@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ftcoord import jobs, keys
 from ftcoord.log import get_logger
 from ftcoord.slot_report import SlotReport
-from ftcoord.store import wait_for_key
+from ftcoord.store import raise_to, wait_for_key
 
 # Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a
 # generation, or finished and waiting for the others to finish).
@@ -232,10 +232,4 @@ def mark_dead(store: dist.Store, slot: int, incarnation: int) -> None:
 
     Monotonic per slot: marking an older incarnation never revives a newer dead one.
     """
-    key = keys.dead(slot)
-    while True:
-        current = store.compare_set(key, "", str(incarnation)).decode()
-        if current == str(incarnation) or int(current or 0) >= incarnation:
-            return
-        if store.compare_set(key, current, str(incarnation)).decode() == str(incarnation):
-            return
+    raise_to(store, keys.dead(slot), incarnation)

@@ -30,22 +30,13 @@ from ftcoord.decisions import advance_current
 from ftcoord.errors import Superseded
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import ZERO_KEYS, registered_slots
-
-
-def raise_counter(store: dist.Store, key: str, floor: int) -> None:
-    """Make the counter `key` at least `floor` (never lower it)."""
-    while True:
-        raw = store.compare_set(key, "", str(floor)).decode()
-        if raw == str(floor) or int(raw or 0) >= floor:
-            return
-        if store.compare_set(key, raw, str(floor)).decode() == str(floor):
-            return
+from ftcoord.store import raise_to
 
 
 def slot(store: dist.Store, slot_id: int, incarnation: int) -> None:
     """Register `incarnation` of a slot again, without a new incarnation (its keys exist before it is listed:
     a multi_get of a listed slot's keys never blocks)."""
-    raise_counter(store, keys.incarnation(slot_id), incarnation)
+    raise_to(store, keys.incarnation(slot_id), incarnation)
     for key in ZERO_KEYS:
         store.compare_set(key(slot_id), "", "0")
     store.compare_set(keys.heartbeat(slot_id), "", "0")

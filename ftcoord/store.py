@@ -106,6 +106,16 @@ def read_int(store: dist.Store, key: str) -> int:
     return int(store.add(key, 0))
 
 
+def raise_to(store: dist.Store, key: str, floor: int) -> None:
+    """Make the integer `key` at least `floor`, never lowering it (compare_set, so concurrent raisers agree)."""
+    while True:
+        current = store.compare_set(key, "", str(floor)).decode()
+        if current == str(floor) or int(current or 0) >= floor:
+            return
+        if store.compare_set(key, current, str(floor)).decode() == str(floor):
+            return
+
+
 def wait_for_key(store: dist.Store, key: str, timeout: float) -> bool:
     """Wait up to `timeout` seconds for a key to exist; True when it does.
 
