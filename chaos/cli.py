@@ -104,6 +104,15 @@ def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:
     return report
 
 
+def _sizes(text: str) -> list[int]:
+    from chaos.bench_scale import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = arguments.Parser(prog="chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +157,17 @@ def main(argv: list[str] | None = None) -> int:
                             "(step time with and without `ftcoord status --watch` reading the job); store_restart "
                             "(steps trained while a SIGKILLed store is away, the stall a restart causes, the "
                             "survivors' stall for a rank killed meanwhile, from the store's return; minutes)")
+    bench.add_argument("--scale", action="store_true",
+                       help="the coordination protocol among many simulated participants (real store, real "
+                            "Participant threads, no training): advance latency, re-form after a kill, silent-kill "
+                            "detection, store requests per participant, the store's memory over many generations; "
+                            "writes scale.json, scale.md and scale.png (tens of minutes at 4096)")
+    bench.add_argument("--sizes", default=None, type=_sizes,
+                       help="with --scale: participant counts, comma-separated (default 64,256,1024,4096; "
+                            "--quick: 64,256)")
+    bench.add_argument("--generations", type=int, default=None,
+                       help="with --scale: back-to-back generation changes at the smallest size, to measure the "
+                            "store's memory (default 1000; --quick: 100; 0: skip)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args(argv)
 
@@ -191,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  - {problem}")
             return 0 if check.passed else 1
         if args.command == "bench":
+            if args.scale:
+                from chaos.bench_scale import DEFAULT_SIZES, run_scale_bench
+
+                default = [64, 256] if args.quick else list(DEFAULT_SIZES)
+                if args.generations is not None and args.generations < 0:
+                    parser.error(f"--generations {args.generations}: give 0 (skip) or more")
+                return run_scale_bench(args.out, args.sizes or default, quick=args.quick, generations=args.generations)
             if args.only == "heal":
                 from chaos.bench_heal import run_heal_bench
 

@@ -83,6 +83,14 @@ class Timing:
         return max(10.0, 2 * self.heartbeat_timeout)
 
     @property
+    def watch_interval(self) -> float:
+        """How often a deputy of the leader (ftcoord.leader) reads the leader's heartbeat (the leader reads
+        everyone's every tick): a third of the heartbeat timeout, so a silent leader is replaced within ~1.33
+        timeouts while a deputy stays within 2 store requests per heartbeat interval in all (the read is a
+        multi_get: two requests). Every tick while it joins a generation."""
+        return max(self.tick, self.heartbeat_timeout / 3)
+
+    @property
     def tick(self) -> float:
         """How often the leader re-reads liveness when nothing wakes it earlier."""
         return min(self.heartbeat_interval / 2, 0.25)

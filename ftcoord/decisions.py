@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.store import get_or_none, read_int
+from ftcoord.store import get_or_none
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,12 @@ def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
 
 
 def is_forgotten(store: dist.Store, generation: int) -> bool:
-    """The generation was decided long ago and its keys are gone: nobody may wait for it."""
-    return get_or_none(store, keys.record(generation)) == keys.FORGOTTEN.encode()
+    """The generation was decided long ago and its keys are gone: nobody may wait for it. Its tombstone, or no
+    record at all while `gen/current` is past it (the tombstone too was deleted, TOMBSTONE_SPAN later)."""
+    raw = get_or_none(store, keys.record(generation))
+    if raw is not None:
+        return raw == keys.FORGOTTEN.encode()
+    return int(get_or_none(store, keys.CURRENT) or 0) > generation
 
 
 def advance_current(store: dist.Store, generation: int) -> None:
@@ -79,27 +83,40 @@ def advance_current(store: dist.Store, generation: int) -> None:
             return
 
 
-def read_joins(store: dist.Store, generation: int) -> list[JoinRequest]:
-    """The join announcements of a generation; a slot's newest incarnation wins."""
+def read_announcements(store: dist.Store, generation: int) -> tuple[list[JoinRequest], int]:
+    """The join announcements of a generation (a slot's newest incarnation wins), and how many were made."""
     raw = get_or_none(store, keys.joiners(generation))
     newest: dict[int, JoinRequest] = {}
-    for line in (raw or b"").decode().splitlines():
+    lines = [line for line in (raw or b"").decode().splitlines() if line]
+    for line in lines:
         if line:
             join = JoinRequest.from_json(line)
             if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
                 newest[join.slot] = join
-    return list(newest.values())
+    return list(newest.values()), len(lines)
+
+
+TOMBSTONE_SPAN = 64
+"""A forgotten generation's tombstone is deleted this many generations later. A leader paused at its record write
+for longer than that (64 generation changes) could write the record of a long-gone generation: it sees `gen/current`
+past it right after and makes it a tombstone again (ftcoord.leader), and a joiner waiting for it finds
+`gen/current` past it and catches up (ftcoord.generation)."""
 
 
 def forget(store: dist.Store, generation: int) -> None:
     """Delete an old generation's keys, so a long job does not grow the store forever; its record becomes a
-    tombstone, so it can never be written again (see ftcoord.leader's module docstring)."""
+    tombstone, so it can never be written again (see ftcoord.leader's module docstring).
+
+    A fixed number of keys per generation, plus the process group's rendezvous keys (one per member: gloo's
+    layout, keys.gloo_rendezvous); no key per joiner. Deleting a key that is not there costs one round trip."""
     if generation < 1:
         return
-    count = read_int(store, keys.join_count(generation))
+    record = read_record(store, generation)
     store.set(keys.record(generation), keys.FORGOTTEN)
-    for key in (keys.joiners(generation), keys.join_count(generation),
+    if generation > TOMBSTONE_SPAN:  # tombstones too have an end, or the store would grow by one per generation
+        store.delete_key(keys.record(generation - TOMBSTONE_SPAN))
+    for key in (keys.joiners(generation), keys.join_count(generation), keys.probe(generation),
                 keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
                 keys.finished(generation), keys.arrived(generation), keys.all_arrived(generation),
-                *(keys.join_signal(generation, n) for n in range(1, count + 1))):
+                *(keys.gloo_rendezvous(generation, rank) for rank in range(record.world_size if record else 0))):
         store.delete_key(key)

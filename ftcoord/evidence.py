@@ -5,8 +5,9 @@ their gloo collective fails with "Connection closed by peer [10.0.0.7]:41234". T
 member of the generation died or left it; it does not prove which one (gloo tears down pairs in a
 cascade, so a survivor may name a live peer, and each names only the first connection that broke).
 A live process proves itself on request: its heartbeat thread beats whatever its training thread is
-doing, and it waits on the job's probe key between beats. So once a generation has a closed-connection
-report, the leader asks every process to beat now (`Probe`, once per generation), and a member that
+doing, and its interrupt monitor, which waits on the generation's interrupt and then on its probe key, has it
+beat at once when either appears. So once a generation has a closed-connection report, the leader ends the
+generation and asks its members to beat now (`Probe`, once per generation), and a member that
 has not rejoined, did not announce that it was leaving on purpose, and did not beat within
 `Timing.probe_grace` of the question (0.25 s), or for 1.5 intervals (`Timing.evidence_silence`), is
 gone: the leader decides without it instead of waiting for the 5 s heartbeat timeout. (Silence alone
@@ -114,9 +115,10 @@ def read(store: dist.Store, generation: int) -> tuple[bool, set[int]]:
 
 
 class Probe:
-    """A leader's question to every live process of the job: beat now. Asked once per generation with a
-    closed connection; a heartbeat thread answers in milliseconds (it waits on the probe key), so a
-    member that stays silent for `Timing.probe_grace` after the question is gone (module docstring)."""
+    """A leader's question to every live member of a generation: beat now. Asked once per generation with a
+    closed connection, by ending the generation (its interrupt) and setting its probe key: each member's
+    interrupt monitor waits on one, then on the other, and has its heartbeat thread beat at once (ftcoord.monitor),
+    so a member that stays silent for `Timing.probe_grace` after the question is gone (module docstring)."""
 
     def __init__(self, store: dist.Store) -> None:
         self._store = store
@@ -127,9 +129,9 @@ class Probe:
         if generation not in self._asked:
             self._asked = {g: t for g, t in self._asked.items() if g > generation - 4}
             self._asked[generation] = time.monotonic()
-            self._store.set(keys.probe(int(self._store.add(keys.PROBE, 1))), "")
+            self._store.compare_set(keys.interrupt(generation), "", "closed:probe")
+            self._store.set(keys.probe(generation), "")
         return self._asked[generation]
-
     def wait_at_most(self, grace: float, tick: float) -> float:
         """How long the leader may sleep: until the newest question's grace ends, or a tick."""
         newest = max(self._asked.values(), default=None)

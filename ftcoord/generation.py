@@ -26,9 +26,10 @@ from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import superseded
-from ftcoord.store import get_or_none, wait_for_key
+from ftcoord.store import get_or_none, wait_for_key, wait_once
 from ftcoord.store_link import instance_number
 
+_LONGEST_SLICE_S = 2.0
 _NEW_INSTANCE = object()  # _wait_record's answer when the store restarted meanwhile
 
 
@@ -49,19 +50,29 @@ class GenerationClient:
     def current(self) -> int:
         return current_generation(self._store)
 
-    def join(self, step: int = -1) -> GenerationRecord:
+    def join(self, step: int = -1, after: GenerationRecord | None = None) -> GenerationRecord:
         """Block until a generation that includes this process is decided.
+
+        `after`: the generation this process was a member of and saw interrupted: the next one is announced for
+        at once, with no read before (two requests: the announcement and the join counter; then the wait).
+        The number may be stale (decided without us meanwhile): the record says so and the loop moves on.
 
         Raises:
             JobFinished: the job completed while we waited (a spare's normal end).
             QuorumTimeout: too few processes joined within barrier_timeout.
             Superseded: a newer incarnation of this slot registered; this process must exit.
         """
-        current = self.current()
-        generation, previous = next_generation(self._store, current), self.record(current)
+        if after is not None:
+            generation, previous = next_generation(self._store, after.generation), after
+        else:
+            current = self.current()
+            generation, previous = next_generation(self._store, current), self.record(current)
+        fast = after is not None
         while True:
-            self._raise_if_failed()
-            self.raise_if_superseded()  # a ghost neither interrupts nor announces, however long it waited
+            if not fast:  # a member rejoining interrupts nobody (ftcoord.leader filters a ghost's announcement)
+                self._raise_if_failed()
+                self.raise_if_superseded()  # a ghost neither interrupts nor announces, however long it waited
+            fast = False
             self._interrupt_if_needed(previous)
             announced_in = instance_number(self._store)
             self._announce(generation, step)
@@ -171,8 +182,7 @@ class GenerationClient:
     def _announce(self, generation: int, step: int) -> None:
         join = JoinRequest(generation, self.slot, self.incarnation, step)
         self._store.append(keys.joiners(generation), join.to_json() + "\n")
-        count = int(self._store.add(keys.join_count(generation), 1))
-        self._store.set(keys.join_signal(generation, count), "1")
+        self._store.add(keys.join_count(generation), 1)  # the leader polls the count while a generation is open
 
     def _interrupt_if_needed(self, record: GenerationRecord | None) -> None:
         """Catch-up rule: bring the members back together when our arrival changes things.
@@ -202,10 +212,15 @@ class GenerationClient:
         deadline: float | None = None
         slice_s = self._timing.heartbeat_interval
         while True:
-            if wait_for_key(self._store, key, slice_s):
+            if wait_once(self._store, key, slice_s):
                 record = self.record(generation)
                 if record is not None or is_forgotten(self._store, generation):
                     return record
+            elif slice_s >= _LONGEST_SLICE_S and is_forgotten(self._store, generation):
+                return None  # paused through more than TOMBSTONE_SPAN generations: catch up
+            # A long wait (a hot spare, a job forming) looks at the job's end less often: up to every
+            # _LONGEST_SLICE_S, so thousands of waiting processes do not load the store (chaos bench --scale).
+            slice_s = min(2 * slice_s, max(_LONGEST_SLICE_S, self._timing.heartbeat_interval))
             if instance_number(self._store) != announced_in:
                 return _NEW_INSTANCE
             self._raise_if_failed()

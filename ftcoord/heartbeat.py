@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import sys
 import threading
 import time
@@ -20,81 +21,107 @@ import torch.distributed as dist
 from ftcoord import jobs, keys
 from ftcoord.log import get_logger
 from ftcoord.slot_report import SlotReport
-from ftcoord.store import raise_to, wait_for_key
+from ftcoord.store import raise_to
 
 # Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a
 # generation, or finished and waiting for the others to finish).
-_SLICE_S = 1.0  # the longest store wait of the heartbeat thread: how long `stop` may have to wait for it
+_STOP_WAIT_S = 2.0  # how long `stop` waits for a beat in flight
 
 WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/ftcoord/generation.py")
 
 
 class Heartbeat:
-    """A daemon thread that bumps `hb/<slot>` every interval, on its own store client.
+    """A daemon thread that bumps `hb/<slot>` every interval, on its own store client: one store request per
+    beat at steady state (ftcoord's store load per process is bounded: `chaos bench --scale`).
 
-    It also publishes the training thread's progress counter (bumped by `ping()` with no
-    store operation), so a process whose heartbeat thread runs but whose training thread
-    is stuck can be told apart from a healthy one.
+    It also publishes the training thread's progress counter (bumped by `ping()` with no store operation),
+    so a process whose heartbeat thread runs but whose training thread is stuck can be told apart from a
+    healthy one, and the slot's status for operators: each when it changed, but a change that only counts
+    on is published at most every `publish_every` seconds (what starts or stops waiting on peers, a new
+    generation, a first commit: at the next beat). The thread waits for nothing in the store: a leader's
+    question ("beat now", ftcoord.evidence) reaches it through `beat_now()`, from the interrupt monitor.
     """
 
-    def __init__(self, store: dist.Store, slot: int, interval: float, report: SlotReport | None = None) -> None:
+    def __init__(self, store: dist.Store, slot: int, interval: float, report: SlotReport | None = None,
+                 publish_every: float | None = None,
+                 before_beat: Callable[[dist.Store], None] | None = None) -> None:
+        """`publish_every`: how stale published progress and status may be (default: 10 intervals); the
+        leader's stuck-rank judgement needs it well below the progress timeout. `before_beat(store)`: run
+        in this thread, on its client, before each beat (the monitor carries a local stop request)."""
         self._store = store
         self.report = report
         self._published_status = ""
+        self._published_identity: tuple[int, int | None] | None = None
         self._first_commit_noted = False
         self._slot = slot
         self._interval = interval
+        self._publish_every = 10 * interval if publish_every is None else publish_every
+        self._before_beat = before_beat
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._progress = 0
         self._training_thread: int | None = None
         self._published_progress = ""
+        self._progress_at_beat = -1
+        self._progress_at = -math.inf  # when progress (and, apart, status) was last published
+        self._status_at = -math.inf
         self.beats = 0
         self.failed: BaseException | None = None
-        self._asked = 0  # the newest probe answered
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-heartbeat-{slot}", daemon=True)
         self._log = get_logger(component="heartbeat", slot=slot)
 
     def start(self) -> None:
-        """Beat once and start the thread. The probe counter is read here, before the beat, and not by the
-        thread: a probe asked before the read is answered by this beat, one asked after it is waited for.
-        (Read by the thread, a probe asked while the thread was still starting was missed, and the
-        member stayed silent for a whole interval: a live process would have been declared gone.)"""
-        self._asked = int(self._store.add(keys.PROBE, 0))
+        """Beat once and start the thread."""
         self.beat()
         self._thread.start()
+
+    def beat_now(self) -> None:
+        """Have the thread beat at once (a leader asked, or the generation ended); safe from any thread."""
+        self._wake.set()
 
     def beat(self) -> None:
         """One heartbeat now (also used at start, so observers see us at once)."""
         self.beats = int(self._store.add(keys.heartbeat(self._slot), 1))
-        progress = f"{self._progress}:w" if self._waiting_on_peers() else str(self._progress)
-        if progress != self._published_progress:
+        now = time.monotonic()
+        # Only a training thread that made no progress since the last beat may be waiting on its peers (looking
+        # costs a walk of every thread's frame: a moving one is not looked at).
+        waiting = self._progress == self._progress_at_beat and self._waiting_on_peers()
+        self._progress_at_beat = self._progress
+        progress = f"{self._progress}:w" if waiting else str(self._progress)
+        if progress != self._published_progress and (
+                waiting != self._published_progress.endswith(":w") or now - self._progress_at >= self._publish_every):
             self._store.set(keys.progress(self._slot), progress)
-            self._published_progress = progress
+            self._published_progress, self._progress_at = progress, now
         if self.report is not None:
-            self._publish_report(self.report)
+            self._publish_report(self.report, now)
 
-    def _publish_report(self, report: SlotReport) -> None:
-        """The slot's status, when it changed, and the incidents this process measured (ftcoord.slot_report)."""
-        status = json.dumps(report.status(), separators=(",", ":"))
-        if status != self._published_status:
-            if report.step >= 0 and not self._first_commit_noted:
-                jobs.note_first_commit(self._store)
-                self._first_commit_noted = True
-            self._store.set(keys.status(self._slot), status)
-            self._published_status = status
+    def _publish_report(self, report: SlotReport, now: float) -> None:
+        """The slot's status, when it changed (at most every publish_every unless its generation or rank did, or
+        it committed its first step), and the incidents this process measured (ftcoord.slot_report)."""
+        identity = (report.generation, report.rank)
+        first_commit = report.step >= 0 and not self._first_commit_noted
+        if identity != self._published_identity or first_commit or now - self._status_at >= self._publish_every:
+            status = json.dumps(report.status(), separators=(",", ":"))
+            if status != self._published_status:
+                if first_commit:
+                    jobs.note_first_commit(self._store)
+                    self._first_commit_noted = True
+                self._store.set(keys.status(self._slot), status)
+                self._published_status, self._published_identity, self._status_at = status, identity, now
         for incident in report.take_incidents():
             self._store.append(keys.INCIDENTS, incident.to_json() + "\n")
             self._log.info("generation_changed", mono=time.monotonic(), **incident.__dict__)
 
     def rebuild(self) -> None:
-        """The store restarted (ftcoord.rebuild): publish everything again; probes count from 0 there."""
+        """The store restarted (ftcoord.rebuild): publish everything again."""
         self._published_status = ""
+        self._published_identity = None
         self._published_progress = ""
+        self._progress_at = self._status_at = -math.inf
         self._first_commit_noted = False
-        self._asked = 0
 
     def ping(self) -> None:
-        """Record training progress: a local increment, published by the next beat."""
+        """Record training progress: a local increment, published by a later beat."""
         self._progress += 1
         self._training_thread = threading.get_ident()
 
@@ -116,25 +143,16 @@ class Heartbeat:
             frame = frame.f_back
         return False
 
-    def _wait_for_probe(self, number: int) -> bool:
-        """Wait up to one interval for probe `number`, in slices of at most a second (so `stop` is prompt)."""
-        deadline = time.monotonic() + self._interval
-        while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if wait_for_key(self._store, keys.probe(number), min(left, _SLICE_S)):
-                return True
-        return False
-
     def _run(self) -> None:
-        """Beat every interval, and at once when a leader asks (a probe: ftcoord.evidence)."""
+        """Beat every interval, and at once when asked (`beat_now`)."""
         try:
             while not self._stop.is_set():
-                if self._wait_for_probe(self._asked + 1):
-                    self._asked = int(self._store.add(keys.PROBE, 0))
+                self._wake.wait(self._interval)
+                self._wake.clear()
                 if self._stop.is_set():
                     return
+                if self._before_beat is not None:
+                    self._before_beat(self._store)
                 self.beat()
         except Exception as exc:  # the store is gone: nothing left to prove to
             if self._stop.is_set():
@@ -143,13 +161,13 @@ class Heartbeat:
             self._log.error("heartbeat_failed", error=str(exc))
 
     def stop(self) -> None:
-        """Stop beating, and wait (up to one wait slice and a second) for the thread to leave its store wait:
-        a process that exits while a thread still sits inside a C++ store call can abort in the
-        interpreter's teardown ("terminate called without an active exception", seen on a plain
-        `python script.py` without ftcoord-launch, whose processes skip that teardown)."""
+        """Stop beating, and wait for the thread to leave (it waits for nothing in the store, so at once unless
+        a beat is in flight): a process that exits while a thread still sits inside a C++ store call can abort
+        in the interpreter's teardown ("terminate called without an active exception")."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(min(self._interval, _SLICE_S) + 1.0)
+            self._thread.join(_STOP_WAIT_S)
 
 
 def frame_of(thread_id: int) -> FrameType | None:

@@ -12,16 +12,16 @@ DONE = "done"  # set when the job completed: every process exits 0
 STOP = "stop"  # "generation:slot:incarnation" of the first process asked to stop (SIGTERM)
 FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
-PROBE = "probe"  # counter: how many times a leader asked every heartbeat thread to beat at once
 INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.jobs), for observers
 LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.jobs)
 INSTANCE = "instance"  # "epoch:nonce": which life of the store server this is (ftcoord.store_link)
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.slot_report)
 
 
-def probe(asked: int) -> str:
-    """Set when a leader asks, for the `asked`-th time, every live process to beat now (ftcoord.evidence)."""
-    return f"probe/{asked}"
+def probe(generation: int) -> str:
+    """Set when a leader asks every live member of `generation` to beat now (ftcoord.evidence); also set once the
+    next generation is decided, which releases the members' monitors from waiting for it."""
+    return f"gen/{generation}/probe"
 
 
 def status(slot: int) -> str:
@@ -95,11 +95,6 @@ def join_count(generation: int) -> str:
     return f"gen/{generation}/join_count"
 
 
-def join_signal(generation: int, n: int) -> str:
-    """Set by the n-th joiner: the leader waits on the next one to wake up at once."""
-    return f"gen/{generation}/join_signal/{n}"
-
-
 def interrupt(generation: int) -> str:
     """Set (with a reason) to end a generation: every member leaves and rejoins."""
     return f"gen/{generation}/interrupt"
@@ -133,3 +128,10 @@ def all_arrived(generation: int) -> str:
 def process_group(generation: int) -> str:
     """Prefix of the torch.distributed rendezvous keys of a generation."""
     return f"gen/{generation}/pg"
+
+
+def gloo_rendezvous(generation: int, rank: int) -> str:
+    """The key gloo's full-mesh rendezvous writes for `rank` under process_group(generation): the default group
+    ("0"), its CPU device, its first context (torch 2.14; read off the wire). 8 bytes per peer, so a generation
+    of W members leaves ~8 W^2 bytes: forgotten with the generation (decisions.forget)."""
+    return f"{process_group(generation)}/0//cpu//0/{rank}"

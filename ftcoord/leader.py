@@ -17,9 +17,11 @@ A leader whose own death has such evidence is replaced at once for the same reas
 
 Safety under pauses (a leader may stop at any instruction for any time and wake up; reproduced by
 the tests with ftcoord.pausepoints):
-- `gen/<g>/record` is written once, with compare_set from absent, and never becomes absent again
-  (an old generation's record is replaced by the keys.FORGOTTEN tombstone, not deleted): a leader
-  that paused before its write and wakes after g was decided (or forgotten) fails its write.
+- `gen/<g>/record` is written once, with compare_set from absent, and does not become absent again
+  for decisions.TOMBSTONE_SPAN generations (an old generation's record is replaced by the
+  keys.FORGOTTEN tombstone): a leader that paused before its write and wakes after g was decided (or
+  forgotten) fails its write; one paused longer than the span sees `gen/current` past g right after its
+  write and makes it a tombstone again (nobody waits for g: a joiner that does finds current past it).
 - `gen/current` only moves forward (compare_set up to the larger value).
 - Leadership is the `leader` key, "term:slot:incarnation", taken with compare_set; a term only grows.
   A leader confirms its claim before each round of writes, and its fences carry its term: a launcher
@@ -30,6 +32,15 @@ A record written by a leader deposed between its last check and its write is sti
 for that generation, made from what it observed while it led; the members follow it, and a stale
 judgement in it is corrected by the next generation.
 
+At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (one multi_get
+per tick, with its claim and the slot list); a follower reads the leader's claim and counters (and its own
+incarnation, for ftcoord.watchdog) every watch_interval if it is a deputy (one of the two ranks after the
+leader's), four times less often otherwise, and every tick for a heartbeat timeout while it joins. The
+judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store wait on its
+interrupt (woken at once); an open one's polls the join counter (no key per joiner) and decides as soon
+as everyone it waits for has announced itself; old generations are forgotten the round after a decision.
+Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
+
 Across a store restart (ftcoord.store_link, ftcoord.rebuild): a round's record is written only into the
 store instance its observations came from (the write is pinned: a leader that paused through a restart
 writes nothing), a new instance decides only numbers of its own epoch, and the leader forgets what it
@@ -38,14 +49,13 @@ fenced and observed there (those keys are gone; the counters start again).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord import evidence, keys, pausepoints, rebuild
+from ftcoord import keys, pausepoints, rebuild
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.decisions import (
     LeaderClaim,
@@ -53,15 +63,15 @@ from ftcoord.decisions import (
     current_generation,
     forget,
     next_generation,
-    read_joins,
+    read_announcements,
     read_record,
 )
-from ftcoord.heartbeat import LivenessObserver
+from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.quorum import choose_members
 from ftcoord.record import GenerationRecord
-from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts, read_facts, registered_slots
-from ftcoord.store import get_or_none, read_int, wait_for_key
+from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts, parse_slots, read_facts_and
+from ftcoord.store import get_or_none, read_int, wait_once
 from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
 
 
@@ -74,10 +84,14 @@ class _OpenGeneration:
     joiners_seen: int = -1
 
 
+_JOIN_POLL_S = 0.005  # how often the leader reads the join counter while a generation is open
+
+
 class LeaderDuty:
     """Background thread: hold or take the leadership, and when leading, do its work."""
 
     KEEP_GENERATIONS = 4
+    DEPUTY_FACTOR = 4
 
     def __init__(
         self,
@@ -94,17 +108,28 @@ class LeaderDuty:
         self._timing = timing
         self._policy = policy
         self._progress_timeout = progress_timeout
-        self._observer = LivenessObserver(timing.heartbeat_timeout)
         self._claim: LeaderClaim | None = None
+        self._holder: LeaderClaim | None = None  # as a follower: the claim last read
+        self._slots: list[int] = []  # as the leader: the registered slots last read
         self._open: dict[int, _OpenGeneration] = {}
-        self._fenced: set[tuple[int, int]] = set()
         self._closed_in: GenerationRecord | None = None
         self._round_instance = 0  # the store instance this round's observations come from
         self._rebuilt = threading.Event()  # the store restarted: forget what was fenced and asked there
         self._terms_seen = 0
-        self._probe = evidence.Probe(store)
+        self._records: dict[int, GenerationRecord | None] = {}  # the last records read (immutable once written)
+        self._interrupted: int | None = None  # a generation this leader saw interrupted
+        self._quiet: int | None = None  # the generation its last wait found running
+        self._forget_due = 0  # the newest generation old enough to forget, once there is time
+        self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.generation)
         self._stop = threading.Event()
+        self._poke = threading.Event()  # wakes a follower's sleep
+        self._urgent_since: float | None = None
+        self._slept = 0.0
+        self._deputy = True  # until a record says otherwise
+        self.newest_incarnation = incarnation
+        """The newest incarnation of this process's slot that this thread has read (ftcoord.watchdog)."""
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
+        self._judge = Judge(store, timing, progress_timeout, self._log)
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-leader-{slot}", daemon=True)
         self.failed: BaseException | None = None
 
@@ -112,11 +137,35 @@ class LeaderDuty:
     def is_leader(self) -> bool:
         return self._claim is not None
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     def start(self) -> None:
         self._thread.start()
 
+    def note_record(self, record: GenerationRecord) -> None:
+        """The generation this process joined: a follower two ranks or less after the leader's is its deputy and
+        watches it every watch_interval; the others every DEPUTY_FACTOR intervals (a silent leader is still
+        replaced within heartbeat_timeout + watch_interval while the job's store load stays flat in its size)."""
+        rank = record.rank_of(self._slot, self._incarnation)
+        leader = record.members.index(record.leader) if record.leader in record.members else 0
+        self._deputy = rank is None or record.world_size <= 3 or (rank - leader) % record.world_size in (1, 2)
+
+    def hurry(self, urgent: bool) -> None:
+        """While this process joins a generation or waits for the others to finish, a follower watches the leader
+        every tick instead of every watch interval (a leader dead at such a moment is replaced at once), for a
+        heartbeat timeout at most (a hot spare or a forming job may wait long)."""
+        if urgent:
+            self._urgent_since = time.monotonic()
+            if self._deputy:  # a deputy looks at once; the others at their next look (not all at once)
+                self._poke.set()
+        else:
+            self._urgent_since = None
+
     def stop(self, release: bool = True) -> None:
         self._stop.set()
+        self._poke.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(self._timing.heartbeat_interval + 2.0)
         if release and self._claim is not None:
@@ -132,40 +181,46 @@ class LeaderDuty:
 
     def _run(self) -> None:
         last_tick = time.monotonic()
+        self._slept = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
-            if now - last_tick > self._timing.heartbeat_timeout / 2:
+            if now - last_tick > self._timing.heartbeat_timeout / 2 + self._slept:
                 # We were paused (SIGSTOP, swap): what we saw is old, start afresh.
-                self._observer.reset()
+                self._judge.observer.reset()
                 self._open.clear()
                 self._log.warning("leader_duty_paused", paused_s=round(now - last_tick, 3))
             last_tick = now
+            self._slept = 0.0
             try:
                 self._round_instance = instance_number(self._store)
                 if self._rebuilt.is_set():
                     self._rebuilt.clear()
                     self._open.clear()
-                    self._fenced.clear()
-                    self._probe = evidence.Probe(self._store)
-                if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
-                    return  # nothing left to decide
-                read_at, facts = self._observe()
+                    self._holder = None
+                    self._records.clear()
+                    self._judge.rebuilt()
+                following = self._claim is None
+                read_at, facts, holder = self._follow() if following else self._observe()
                 if read_at - last_tick > self._timing.heartbeat_timeout / 2:
                     # Stuck in a store call (a hung or restarting store kept everyone from beating): what
                     # this round read shows no silence of anyone's; watch afresh (CI-like: a 12 s store
                     # hang got a healthy rank fenced as heartbeat_stale).
-                    self._observer.reset()
+                    self._judge.observer.reset()
                     self._open.clear()
                     self._log.warning("leader_duty_stalled_by_store", stalled_s=round(read_at - last_tick, 3))
                     last_tick = time.monotonic()
                     continue
-                if self._claim is None:
-                    self._try_acquire(facts)
-                if self._claim is not None and self._still_leader():
+                if following:
+                    if holder is not None and self._claim is None:
+                        self._try_acquire(holder, facts)
+                    if self._claim is None:
+                        self._sleep(self._follow_interval())
+                elif holder == self._claim:
                     pausepoints.reached(pausepoints.LEADER_CHECKED)
-                    self._lead_once(read_at, facts)
+                    if self._lead_once(read_at, facts):
+                        return  # the job ended: nothing left to decide
                 else:
-                    self._stop.wait(self._timing.tick)
+                    self._lose(holder)
             except Exception as exc:  # store gone or broken: this thread cannot help
                 if self._stop.is_set():
                     return
@@ -173,40 +228,72 @@ class LeaderDuty:
                 self._log.error("leader_duty_failed", error=str(exc))
                 return
 
-    def _observe(self) -> tuple[float, dict[int, SlotFacts]]:
-        """Read every slot's counters and feed the observer (leader or not).
+    def _sleep(self, seconds: float) -> None:
+        self._slept = seconds  # not a pause of ours (the pause check allows for it)
+        self._poke.wait(seconds)
+        self._poke.clear()
 
-        Every process keeps watching, so the one that takes over already has a history
-        and need not wait another full timeout before it can judge anyone.
-        """
-        slots = registered_slots(self._store)
+    def _follow_interval(self) -> float:
+        """A tick during the first heartbeat timeout of a join (the leader may have died with the generation);
+        else watch_interval for a deputy, DEPUTY_FACTOR of them for anyone else (see note_record)."""
+        hurried = self._urgent_since
+        if hurried is not None and time.monotonic() - hurried < self._timing.heartbeat_timeout:
+            return self._timing.tick
+        return self._timing.watch_interval * (1 if self._deputy else self.DEPUTY_FACTOR)
+
+    def _follow(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim | None]:
+        """A follower's round: the leader's claim and its holder's counters (and our own incarnation), in one
+        request. Only the holder is observed: a follower that takes over has watched the one it replaces, and
+        watches everyone else afresh (silence alone is the last resort; evidence needs no history)."""
+        read_at = time.monotonic()
+        holder = self._holder
+        if holder is None:  # absent: claim the first term; present: learn the holder
+            first = LeaderClaim(1, self._slot, self._incarnation)
+            holder = LeaderClaim.parse(self._store.compare_set(keys.LEADER, "", str(first)))
+            if holder == first:
+                self._become(first)
+                return read_at, {}, None
+        watched = [holder.slot] if holder.slot is not None else []
+        values, facts = read_facts_and(self._store, watched, [keys.LEADER, keys.incarnation(self._slot)])
+        self.newest_incarnation = int(values[1] or 0)
+        claim = LeaderClaim.parse(values[0])
+        self._terms_seen = max(self._terms_seen, claim.term)
+        if claim != holder:  # a new holder: judged from the next round on
+            self._holder = claim
+            return read_at, {}, None
+        self._holder = holder
+        self._judge.observe(facts, read_at, replacing=False)
+        return read_at, facts, holder
+
+    def _observe(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim]:
+        """The leader's round: its claim, the registered slots and every slot's counters, in one request (two
+        when a slot registered since the last round). Observed as of when the read was asked: a store that hung
+        during the read kept everyone from beating, and its silence is not theirs."""
         read_at = time.monotonic()  # before the read: a dead mark older than this is seen
-        facts = read_facts(self._store, slots)
-        for slot, fact in facts.items():
-            # Observed as of when the read was asked: a store that hung during the read kept everyone from
-            # beating, and its silence is not theirs. A counter's silence is then never over-counted.
-            # With the incarnation: a new one gets a timeout of its own (register bumps it before the counter).
-            self._observer.observe(f"hb/{slot}", (fact.incarnation, fact.heartbeat), at=read_at)
-            # The announced incarnation too: a new announcement starts at beat 0, like the last one may have.
-            self._observer.observe(f"replacing/{slot}", (fact.replacing, fact.replacing_beat), at=read_at)
-        return read_at, facts
+        values, facts = read_facts_and(self._store, self._slots, [keys.LEADER, keys.SLOTS])
+        slots = parse_slots(values[1])
+        if slots != self._slots:
+            new = [s for s in slots if s not in facts]
+            facts.update(read_facts_and(self._store, new, [])[1])
+            self._slots = slots
+        self._judge.observe(facts, read_at)
+        if self._slot in facts:
+            self.newest_incarnation = facts[self._slot].incarnation
+        return read_at, facts, LeaderClaim.parse(values[0])
 
-    def _try_acquire(self, facts: dict[int, SlotFacts]) -> None:
-        first = LeaderClaim(1, self._slot, self._incarnation)
-        holder = LeaderClaim.parse(self._store.compare_set(keys.LEADER, "", str(first)))
-        self._terms_seen = max(self._terms_seen, holder.term)
-        if holder == first:
-            self._become(first)
-            return
+    def _try_acquire(self, holder: LeaderClaim, facts: dict[int, SlotFacts]) -> None:
+        """Take the leadership from a holder that released it, or is gone (by evidence or silence)."""
         if holder.slot is not None:
             fact = facts.get(holder.slot)
-            if fact is None or (self._alive(fact, holder.incarnation)
-                                and holder.slot not in self._gone_by_evidence(self._closed_in)):
+            if fact is None or (self._judge.alive(fact, holder.incarnation)
+                                and holder.slot not in self._judge.gone_by_evidence(self._closed_in)):
                 return
         mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
         won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
         if won == str(mine):
             self._become(mine, previous=holder)
+        else:
+            self._holder = None  # someone else moved first: learn who next round
 
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
         """The store restarted (ftcoord.rebuild): write back the leader's term; forget fences and probes."""
@@ -220,20 +307,9 @@ class LeaderDuty:
         the evidence (ftcoord.evidence) when judging its members, the leader among them."""
         self._closed_in = record
 
-    def _gone_by_evidence(self, record: GenerationRecord | None, joined: set[int] = frozenset()) -> set[int]:
-        """Members of `record` gone by evidence: a connection closed under the generation, and they neither
-        rejoined, nor said they were leaving, nor beat for `evidence_silence` or since they were asked to
-        (a probe, answered within `probe_grace` by any live process: ftcoord.evidence)."""
-        if record is None or record.failed is not None:
-            return set()
-        closed, leaving = evidence.read(self._store, record.generation)
-        if not closed:
-            return set()
-        asked = self._probe.ask(record.generation)
-        answered_by = asked + self._timing.probe_grace  # a read after this that shows no beat: no answer
-        return {m for m in record.members if m not in joined and m not in leaving
-                and (self._observer.silent_for(f"hb/{m}") >= self._timing.evidence_silence
-                     or self._observer.silent_since(f"hb/{m}", asked, answered_by))}
+    @property
+    def _term(self) -> int:
+        return self._claim.term if self._claim else 0
 
     def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
         self._claim = claim
@@ -241,124 +317,96 @@ class LeaderDuty:
         self._log.info("leader_elected", term=claim.term,
                        previous=str(previous) if previous else None)
 
+    def _lose(self, held: LeaderClaim) -> None:
+        self._log.warning("leader_lost", term=self._claim.term if self._claim else None, holder=str(held))
+        self._claim = None
+        self._holder = held
+
     def _still_leader(self) -> bool:
         held = get_or_none(self._store, keys.LEADER)
         if held is not None and held.decode() == str(self._claim):
             return True
-        self._log.warning("leader_lost", term=self._claim.term if self._claim else None,
-                          holder=held.decode() if held else None)
-        self._claim = None
+        self._lose(LeaderClaim.parse(held or b"0"))
         return False
 
     # -- leading ------------------------------------------------------------------
 
-    def _lead_once(self, read_at: float, facts: dict[int, SlotFacts]) -> None:
+    def _lead_once(self, read_at: float, facts: dict[int, SlotFacts]) -> bool:
+        """One round of the leader's duties; True when the job ended (done or fatal)."""
+        if self._forget_due:  # the round after a decision, not the one that makes it (its members read it now)
+            forget(self._store, self._forget_due)
+            self._forget_due = 0
         current = current_generation(self._store)
-        record = read_record(self._store, current) if current else None
-        if record is not None and record.failed is None:
-            self._interrupt_if_member_dead(record, facts, read_at)
-        self._fence_hung_outsiders(record, facts)
+        record = self._record(current)
+        if current and current not in (self._interrupted, self._quiet):  # known from the last wait, else looked at
+            if self._store.check([keys.interrupt(current)]):
+                self._interrupted = current
+        if record is not None and record.failed is None and self._interrupted != current:
+            if self._judge.interrupt_if_member_dead(record, facts, read_at, self._term):
+                self._interrupted = current
+        self._judge.fence_hung_outsiders(record, facts, self._term)
 
         generation = next_generation(self._store, current)
-        if self._is_open(current, record):
+        if current == 0 or record is None or record.failed is not None or self._interrupted == current:
+            # Generation `generation` may be decided: the current one ended (or never began).
+            if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
+                return True
             running = record is not None and record.failed is None and any(
-                m in facts and self._alive(facts[m], i)
+                m in facts and self._judge.alive(facts[m], i)
                 for m, i in zip(record.members, record.incarnations, strict=True))
-            if self._maybe_decide(generation, facts, read_at, running, record):
-                return  # decided: look again at once
-        joined = read_int(self._store, keys.join_count(generation))
-        # Sleep until the next joiner arrives or a tick passes, whichever is first.
-        wait_for_key(self._store, keys.join_signal(generation, joined + 1),
-                     self._probe.wait_at_most(self._timing.probe_grace, self._timing.tick))
+            if self._maybe_decide(generation, facts, read_at, running, record, current):
+                return False  # decided: look again at once
+            self._await_joiners(generation, self._expecting)
+            return False
+        # Running: sleep until the generation is interrupted, or a tick passes (to judge silences).
+        if wait_once(self._store, keys.interrupt(current), self._timing.tick):
+            self._interrupted = current
+        else:
+            self._quiet = current  # not interrupted a moment ago: the next round need not look again
+        return False
 
-    def _alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
-        return not facts.is_gone(incarnation) and not self._observer.is_stale(f"hb/{facts.slot}")
+    def _record(self, generation: int) -> GenerationRecord | None:
+        """A decided generation's record, read once (records never change)."""
+        if generation not in self._records:
+            record = read_record(self._store, generation) if generation else None
+            if record is None:
+                return None
+            self._records = {g: r for g, r in self._records.items() if g > generation - 2}
+            self._records[generation] = record
+        return self._records[generation]
 
-    def _interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts], read_at: float) -> None:
-        if self._store.check([keys.interrupt(record.generation)]):
-            return
-        members = [(m, i, facts[m]) for m, i in zip(record.members, record.incarnations, strict=True) if m in facts]
-        hung = self._hung_members(record.generation, members, read_at)
-        for member, inc, fact in members:
-            if self._alive(fact, inc) and member not in hung:
-                continue
-            reason = "hung" if member in hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
-            if not fact.is_gone(inc):
-                self._fence(member, inc, reason)  # a hung peer then fails the collectives at once
-            self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
-            self._log.warning("member_declared_dead", generation=record.generation, slot=member,
-                              incarnation=inc, reason=reason,
-                              silent_s=round(self._observer.silent_for(f"hb/{member}"), 3))
-            return
-
-    def _fence(self, slot: int, incarnation: int, reason: str) -> None:
-        """Ask the slot's launcher to kill this incarnation (once). The term lets the launcher ignore a
-        fence of a leader deposed before it could see the kill through."""
-        if (slot, incarnation) in self._fenced:
-            return
-        self._store.set(keys.fence(slot), f"{self._claim.term if self._claim else 0}:{incarnation}")
-        self._fenced.add((slot, incarnation))
-        self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
-
-    def _fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts]) -> None:
-        """A process that hung while it was in no running generation (joining, or a hot spare) is judged by
-        no interrupt; fence it too, so its launcher replaces it and its capacity is not lost for good."""
-        members = set(record.members) if record is not None and record.failed is None else set()
-        for slot, fact in facts.items():
-            if slot not in members and not fact.is_gone() and self._observer.is_stale(f"hb/{slot}"):
-                self._fence(slot, fact.incarnation, "heartbeat_stale")
-
-    def _hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]], read_at: float) -> set[int]:
-        """Members alive but making no progress for progress_timeout: the culprits only.
-
-        Peers of a stuck rank block in their next collective and go silent too; those
-        that sit in a collective are waiting, not stuck. If every silent member waits, the
-        one furthest behind is the culprit; if they are all level, nobody is fenced (a
-        collective deadlock: the process-group timeout ends it).
-        """
-        if self._progress_timeout is None or math.isinf(self._progress_timeout):
-            return set()
-        silent = []
-        for member, _, fact in members:
-            name = f"progress/{member}/{generation}"
-            # Observed when it was read, not now: a duty thread paused between reading and judging (a GC) would
-            # otherwise count its own pause as the member's silence (CI: a healthy leader fenced itself as hung).
-            self._observer.observe(name, fact.progress, at=read_at)
-            if self._observer.is_stale(name, self._progress_timeout):
-                silent.append(fact)
-        culprits = [f for f in silent if not f.waiting]
-        if not culprits and silent:
-            lowest = min(f.progress for f in silent)
-            if any(f.progress != lowest for f in silent):
-                culprits = [f for f in silent if f.progress == lowest]
-        return {f.slot for f in culprits}
-
-    def _is_open(self, current: int, record: GenerationRecord | None) -> bool:
-        """Generation current+1 may be decided once current ended (or never began)."""
-        if current == 0 or record is None or record.failed is not None:
-            return True
-        return self._store.check([keys.interrupt(current)])
+    def _await_joiners(self, generation: int, expecting: int) -> None:
+        """Poll the join counter of an open generation (one small request every few milliseconds, by the leader
+        only) until `expecting` have announced themselves (everyone the last round waited for; then it decides
+        at once), a probe's grace ends, or a tick passes (a new round looks at who is alive and at the last
+        call). One round per tick however many arrive meanwhile; no key per joiner: the store holds a fixed
+        number of keys per generation whatever the job's size."""
+        deadline = time.monotonic() + self._judge.probe.wait_at_most(self._timing.probe_grace, self._timing.tick)
+        while not self._stop.wait(_JOIN_POLL_S) and time.monotonic() < deadline:
+            if read_int(self._store, keys.join_count(generation)) >= expecting:
+                return
 
     def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
-                      previous: GenerationRecord | None) -> bool:
-        joins = read_joins(self._store, generation)
+                      previous: GenerationRecord | None, current: int) -> bool:
+        joins, announced = read_announcements(self._store, generation)
         live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
-                and self._alive(facts[j.slot])]
+                and self._judge.alive(facts[j.slot])]
         now = time.monotonic()
         clock = self._open.setdefault(generation, _OpenGeneration(now, now))
         if len(live) != clock.joiners_seen:
             clock.joiners_seen, clock.last_change = len(live), now
 
         joined_slots = {j.slot for j in live}
+        self._expecting = announced + 1  # woken by the next announcement...
         # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
-        gone = self._gone_by_evidence(previous, joined_slots)
-        expected = {s for s, f in facts.items() if self._alive(f) and s not in gone}
+        gone = self._judge.gone_by_evidence(previous, joined_slots)
+        expected = {s for s, f in facts.items() if self._judge.alive(f) and s not in gone}
         on_its_way: set[int] = set()
         if len(live) < self._policy.target_world_size:
             # Below target: wait for replacements a launcher is starting, rather than shrink now
             # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
             on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
-                          and not self._observer.is_stale(f"replacing/{s}")}
+                          and not self._judge.observer.is_stale(f"replacing/{s}")}
             expected |= on_its_way
         # A job starting (or restarting as a whole: no member of the last generation is
         # alive) waits for its target size of workers (a spare is seated only at last call, when
@@ -369,6 +417,7 @@ class LeaderDuty:
         # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
         # node) is waited for up to barrier_timeout.
         missing = expected - joined_slots
+        self._expecting = announced + max(1, len(missing))  # ...or, when some are missing, once all came
         if missing and missing <= on_its_way:
             last_call = now - clock.first_seen >= self._timing.barrier_timeout
         else:
@@ -384,7 +433,7 @@ class LeaderDuty:
                 f"barrier_timeout={self._timing.barrier_timeout}s; min_world_size is "
                 f"{self._policy.min_world_size}; start more processes or lower min_world_size"
             )
-            return self._write(self._failed_record(generation, reason, read_at))
+            return self._write(self._failed_record(generation, reason, read_at), current)
         members = decision.members
         record = GenerationRecord(
             generation=generation,
@@ -400,7 +449,7 @@ class LeaderDuty:
             liveness_read_at=read_at,
             steps=tuple(j.step for j in members),
         )
-        return self._write(record, partial=not everyone)
+        return self._write(record, current, partial=not everyone)
 
     def _failed_record(self, generation: int, reason: str, read_at: float) -> GenerationRecord:
         return GenerationRecord(
@@ -410,7 +459,7 @@ class LeaderDuty:
             failed=reason,
         )
 
-    def _write(self, record: GenerationRecord, partial: bool = False) -> bool:
+    def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:
         text = record.to_json()
         if not self._still_leader():
             return True  # deposed while deciding: the new leader decides
@@ -424,6 +473,12 @@ class LeaderDuty:
             return True
         if not won:
             return True  # another leader decided first (or the generation is long forgotten); its record stands
+        if int(get_or_none(self._store, keys.CURRENT) or 0) > record.generation:
+            # Written after the generation was decided, forgotten and its tombstone deleted (a pause of more than
+            # decisions.TOMBSTONE_SPAN generations at this write): nobody waits for it; make it a tombstone again.
+            self._store.set(keys.record(record.generation), keys.FORGOTTEN)
+            self._log.warning("decision_too_late", generation=record.generation)
+            return True
         advance_current(self._store, record.generation)
         if record.failed:
             self._log.error("generation_failed", generation=record.generation, reason=record.failed)
@@ -432,6 +487,8 @@ class LeaderDuty:
                            members=list(record.members), world_size=record.world_size,
                            spares=list(record.spares), partial=partial,
                            heal_source=record.heal_source, start_step=record.start_step)
-        forget(self._store, record.generation - self.KEEP_GENERATIONS)
+        if current:  # the members of `current` may stop waiting for a question about it (ftcoord.monitor)
+            self._store.set(keys.probe(current), "")
+        self._forget_due = max(self._forget_due, record.generation - self.KEEP_GENERATIONS)
         self._open.pop(record.generation, None)
         return True

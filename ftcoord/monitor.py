@@ -9,13 +9,14 @@ the `stop` key and interrupts the generation, so every member stops at the same 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
-from ftcoord.store import get_or_none, wait_for_key
+from ftcoord.store import get_or_none, wait_once
 
 
 def stale_stop(store: dist.Store) -> bytes | None:
@@ -34,16 +35,32 @@ def stale_stop(store: dist.Store) -> bytes | None:
 
 
 class InterruptMonitor:
-    """Watches one generation at a time, on its own store client."""
+    """Watches one generation at a time, on its own store client.
 
-    def __init__(self, store: dist.Store, slot: int, incarnation: int, slice_s: float = 0.1) -> None:
+    While the watched generation runs, the thread sits in one store wait on its interrupt key (slices of
+    `slice_s`, 10 s at the defaults: a few requests per slice, whatever the job's size); when it fires, it
+    waits on the generation's probe key (ftcoord.evidence) and has the heartbeat beat at once (`on_beat`)
+    when a leader asks, until the process watches a newer generation (the leader sets the probe key once
+    the next one is decided, which ends that wait). A leader asks by setting the interrupt, then the probe:
+    a member still in the generation, or already out of it, answers after the question, never before.
+    A local stop request is carried to the store by the heartbeat thread (`carry_local_stop`); one made
+    anywhere in the job interrupts the generation, so it is seen here at once (and looked for once at the
+    start of each generation, in case another reason won that interrupt).
+    """
+
+    def __init__(self, store: dist.Store, slot: int, incarnation: int, slice_s: float = 10.0,
+                 on_beat: Callable[[], None] | None = None) -> None:
         self._store = store
         self._slot = slot
         self._incarnation = incarnation
         self._slice_s = slice_s
+        self._on_beat = on_beat or (lambda: None)
         self._lock = threading.Lock()
         self._generation: int | None = None
+        self._answered: int | None = None  # the generation whose probe this process answered
+        self._stop_looked_in: int | None = None  # the generation at whose start a job-wide stop was looked for
         self._fired = threading.Event()
+        self._changed = threading.Event()  # a new generation to watch, or stop
         self._stop = threading.Event()
         self._local_stop = threading.Event()
         self._stale_stop = stale_stop(store)
@@ -60,9 +77,14 @@ class InterruptMonitor:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread; a wait it sits in is cut (`close` of its LinkedStore) rather than waited out."""
         self._stop.set()
+        self._changed.set()
+        close = getattr(self._store, "close", None)
+        if close is not None:
+            close()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(self._slice_s + 2.0)
+            self._thread.join(2.0 if close is not None else self._slice_s + 2.0)
 
     def watch(self, generation: int) -> None:
         """Switch to a new generation (clears the interrupt flag)."""
@@ -70,10 +92,12 @@ class InterruptMonitor:
             self._generation = generation
             self._fired.clear()
             self.reason = None
+        self._changed.set()
 
     def request_stop(self) -> None:
-        """Ask the whole job to stop (safe to call from a signal handler)."""
+        """Ask the whole job to stop (safe to call from a signal handler): the heartbeat thread carries it."""
         self._local_stop.set()
+        self._on_beat()
 
     @property
     def fired(self) -> bool:
@@ -84,53 +108,78 @@ class InterruptMonitor:
         return self._fired.wait(timeout)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        try:
+            self._carry_stop(self._store, None)  # a process that starts while the job stops stops too
+            while not self._stop.is_set():
+                self._round()
+        except StoreLost as exc:
+            self.store_lost = exc
+            self.stop_requested.set()
+            self._log.error("monitor_store_lost", error=str(exc))
+        except Exception as exc:  # store gone: the trainer will see it on its own
+            if not self._stop.is_set():
+                self.failed = exc
+                self._fired.set()
+                self._log.error("monitor_failed", error=str(exc))
+
+    def _round(self) -> None:
+        with self._lock:
+            generation, fired = self._generation, self._fired.is_set()
+        if generation is None or (fired and self._answered == generation):
+            self._changed.wait(self._slice_s)  # nothing to wait for in the store
+            self._changed.clear()
+            return
+        if fired:
+            if wait_once(self._store, keys.probe(generation), self._slice_s):
+                self._answered = generation
+                self._on_beat()
+            return
+        if self._stop_looked_in != generation:  # once per generation: a later stop interrupts it
+            self._stop_looked_in = generation
+            if self._carry_stop(self._store, generation):
+                return
+        if wait_once(self._store, keys.interrupt(generation), self._slice_s):
+            reason = (get_or_none(self._store, keys.interrupt(generation)) or b"superseded").decode()
+        elif int(get_or_none(self._store, keys.CURRENT) or 0) > generation:
+            reason = "superseded"  # decided past us while we were paused: its keys may be gone already
+        else:
+            return
+        with self._lock:
+            if generation != self._generation:
+                return
+            self.reason = reason
+            self._fired.set()
+        self._log.info("generation_interrupted", generation=generation, reason=reason)
+        if reason.startswith("stop"):
+            self.stop_requested.set()
+        elif not self.stop_requested.is_set():
+            self._carry_stop(self._store, None)  # a stop asked while another reason won the interrupt
+
+    def carry_local_stop(self, store: dist.Store) -> None:
+        """Publish a local stop request (the heartbeat thread calls this before each beat, on its own client)."""
+        if self._local_stop.is_set() and not self.stop_requested.is_set():
             with self._lock:
                 generation = self._generation
-            try:
-                self._carry_stop(generation)
-                if generation is None or self._fired.is_set():
-                    self._stop.wait(self._slice_s)
-                    continue
-                if wait_for_key(self._store, keys.interrupt(generation), self._slice_s):
-                    reason = (get_or_none(self._store, keys.interrupt(generation)) or b"").decode()
-                elif int(get_or_none(self._store, keys.CURRENT) or 0) > generation:
-                    # Decided past us while we were paused: its keys may be gone already.
-                    reason = "superseded"
-                else:
-                    continue
-            except StoreLost as exc:
-                self.store_lost = exc
-                self.stop_requested.set()
-                self._log.error("monitor_store_lost", error=str(exc))
-                return
-            except Exception as exc:  # store gone: the trainer will see it on its own
-                if not self._stop.is_set():
-                    self.failed = exc
-                    self._fired.set()
-                    self._log.error("monitor_failed", error=str(exc))
-                return
-            with self._lock:
-                if generation != self._generation:
-                    continue
-                self.reason = reason
-                self._fired.set()
-            self._log.info("generation_interrupted", generation=generation, reason=reason)
+            self._carry_stop(store, generation)
 
-    def _carry_stop(self, generation: int | None) -> None:
-        """Publish a local stop request; notice one made anywhere in the job."""
+    def _carry_stop(self, store: dist.Store, generation: int | None) -> bool:
+        """Publish a local stop request; notice one made anywhere in the job. True when one was noticed."""
         if self._local_stop.is_set() and not self.stop_requested.is_set():
             value = f"{generation or 0}:{self._slot}:{self._incarnation}"
-            self._store.compare_set(keys.STOP, (self._stale_stop or b"").decode(), value)
+            store.compare_set(keys.STOP, (self._stale_stop or b"").decode(), value)
             self._log.info("stop_requested", generation=generation)
-        requested = get_or_none(self._store, keys.STOP)
-        if requested is not None and requested != self._stale_stop and not self.stop_requested.is_set():
-            # The generation ends first, so every member stops at the same step: they meet in
-            # the next generation (healed, level) and stop at its first boundary.
-            if generation is not None:
-                self._store.compare_set(keys.interrupt(generation), "", f"stop:slot={self._slot}")
-                with self._lock:
-                    if generation == self._generation:
-                        self.reason = "stop"
-                        self._fired.set()
-            self.stop_requested.set()
+        if self.stop_requested.is_set():
+            return False
+        requested = get_or_none(store, keys.STOP)
+        if requested is None or requested == self._stale_stop:
+            return False
+        # The generation ends first, so every member stops at the same step: they meet in
+        # the next generation (healed, level) and stop at its first boundary.
+        if generation is not None:
+            store.compare_set(keys.interrupt(generation), "", f"stop:slot={self._slot}")
+            with self._lock:
+                if generation == self._generation:
+                    self.reason = "stop"
+                    self._fired.set()
+        self.stop_requested.set()
+        return True

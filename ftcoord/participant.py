@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from ftcoord.log import get_logger
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.record import GenerationRecord
 from ftcoord.slot_report import SlotReport
-from ftcoord.slots import register, superseded
+from ftcoord.slots import register, superseded_by
 from ftcoord.store_link import LinkedStore, StoreLink, instance_from_env
 from ftcoord.watchdog import HelperWatch, exit_process
 
@@ -25,11 +26,16 @@ from ftcoord.watchdog import HelperWatch, exit_process
 class Participant:
     """Connects to the store, takes an incarnation of a slot and runs four threads.
 
-    Threads (each with its own store client, since a blocked `wait` holds a client):
+    Threads (the first three with their own store client, since a blocked `wait` holds a client):
     the heartbeat, the leader duty (elect, watch liveness, decide records), the
     interrupt monitor and the helper watch (ftcoord.watchdog: the process ends when one of the
-    others died or this incarnation was superseded). The caller's thread joins generations and
-    reads `interrupted`.
+    others died or this incarnation was superseded; it reads nothing from the store). The caller's
+    thread joins generations and reads `interrupted`.
+
+    Store load (issue 17, `chaos bench --scale`): at steady state a process sends about 3.5 requests per
+    second whatever the job's size (a beat every interval; the leader's heartbeat watched every
+    watch_interval; one wait per 2 heartbeat timeouts; progress and status at most every 10 intervals);
+    only the leader reads every slot, every tick.
 
     Every client comes from one StoreLink (ftcoord.store_link): they ride through a store that goes away
     and comes back; when it comes back empty, this process writes back what it holds (`_rebuild`).
@@ -75,24 +81,36 @@ class Participant:
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
         self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing)
         self.report = SlotReport(self.slot)
-        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval, self.report)
+        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval, self.report,
+                                   publish_every=self._publish_every(),
+                                   before_beat=lambda store: self.monitor.carry_local_stop(store))
+        self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation,
+                                        slice_s=2 * self.timing.heartbeat_timeout, on_beat=self.heartbeat.beat_now)
         self.heartbeat.start()
         self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
                                  self.policy, self.progress_timeout)
         self.leader.start()
-        self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation)
         self.monitor.start()
-        watch_store = self._clone()
+        # The helper watch reads nothing itself: the leader duty reads this slot's newest incarnation every round.
         self.watch = HelperWatch(
             self.slot, self.timing.heartbeat_interval,
             {"heartbeat": lambda: self.heartbeat.failed, "leader duty": lambda: self.leader.failed,
              "interrupt monitor": lambda: self.monitor.failed},
-            lambda: superseded(watch_store, self.slot, self.incarnation), self._on_helper_failure)
+            lambda: superseded_by(self.slot, self.incarnation, self.leader.newest_incarnation),
+            self._on_helper_failure)
         self.watch.start()
         self.link.on_new_instance(self._rebuild)
         self._log.info("participant_started", job_id=self.job_id, store=str(self.address),
                        store_instance=str(self.link.instance))
         return self
+
+    def _publish_every(self) -> float:
+        """How stale published progress and status may be: 10 heartbeat intervals, and a quarter of the progress
+        timeout at most (the leader judges a member stuck when its progress stood still that long)."""
+        every = 10 * self.timing.heartbeat_interval
+        if math.isfinite(self.progress_timeout):
+            every = min(every, self.progress_timeout / 4)
+        return max(every, self.timing.heartbeat_interval)
 
     def _rebuild(self, store: dist.Store, base: dist.Store) -> None:
         """The store came back empty: write back what this process holds (see ftcoord.rebuild)."""
@@ -122,8 +140,14 @@ class Participant:
 
     def join(self, step: int = -1) -> GenerationRecord:
         """Join the next generation that includes this process (see GenerationClient.join)."""
-        record = self.generations.join(step)
+        rejoining = self.record if self.monitor.fired and self.monitor.reason not in (None, "superseded") else None
+        self.leader.hurry(True)
+        try:
+            record = self.generations.join(step, after=rejoining)
+        finally:
+            self.leader.hurry(False)
         self.record = record
+        self.leader.note_record(record)
         self.monitor.watch(record.generation)
         return record
 
@@ -153,7 +177,11 @@ class Participant:
     def finish(self) -> bool:
         """The function returned; True when every member did (the job is done or stopped)."""
         assert self.record is not None, "finish() before join()"
-        return self.generations.finish(self.record, stopping=self.should_stop)
+        self.leader.hurry(True)
+        try:
+            return self.generations.finish(self.record, stopping=self.should_stop)
+        finally:
+            self.leader.hurry(False)
 
     def close(self, leaving: bool = True) -> None:
         """Stop the threads, hand leadership over and say this incarnation left on purpose."""

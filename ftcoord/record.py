@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,10 @@ class JoinRequest:
     @classmethod
     def from_json(cls, text: str) -> JoinRequest:
         return cls(**json.loads(text))
+
+
+_PARSED: dict[bytes, GenerationRecord] = {}  # the newest records' texts, parsed
+_PARSED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -62,19 +68,38 @@ class GenerationRecord:
 
     def rank_of(self, slot: int, incarnation: int) -> int | None:
         """This process's rank, or None when it is not a member (or a stale incarnation)."""
-        for rank, (member, inc) in enumerate(zip(self.members, self.incarnations, strict=True)):
-            if member == slot and inc == incarnation:
-                return rank
-        return None
+        try:
+            rank = self.members.index(slot)  # a slot is a member once at most; C speed for thousands of members
+        except ValueError:
+            return None
+        return rank if self.incarnations[rank] == incarnation else None
 
     def was_considered(self, slot: int, incarnation: int) -> bool:
-        return (slot, incarnation) in self.considered
+        return (slot, incarnation) in self._considered_set
+
+    @cached_property
+    def _considered_set(self) -> frozenset[tuple[int, int]]:
+        return frozenset(self.considered)  # thousands of members: a set, not a scan per question
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> GenerationRecord:
+        """Parsed once per process for each record text (records are immutable and shared by every member:
+        a record of thousands of members is ~100 KB of JSON, read by every thread that needs it)."""
+        key = text.encode() if isinstance(text, str) else bytes(text)
+        record = _PARSED.get(key)
+        if record is None:
+            record = cls._parse(key)
+            with _PARSED_LOCK:
+                if len(_PARSED) >= 4:
+                    _PARSED.pop(next(iter(_PARSED)))
+                _PARSED[key] = record
+        return record
+
+    @classmethod
+    def _parse(cls, text: bytes) -> GenerationRecord:
         data = json.loads(text)
         for key in ("members", "incarnations", "spares", "steps"):
             data[key] = tuple(data[key])

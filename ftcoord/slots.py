@@ -30,7 +30,11 @@ def register(store: dist.Store, slot: int) -> int:
 
 def superseded(store: dist.Store, slot: int, incarnation: int) -> str | None:
     """Why `incarnation` of `slot` must not take part any more (a newer one registered), or None."""
-    newest = read_int(store, keys.incarnation(slot))
+    return superseded_by(slot, incarnation, read_int(store, keys.incarnation(slot)))
+
+
+def superseded_by(slot: int, incarnation: int, newest: int) -> str | None:
+    """Why `incarnation` of `slot` must not take part any more, given the newest one registered, or None."""
     if newest <= incarnation:
         return None
     return (f"incarnation {incarnation} of slot {slot} was superseded by incarnation {newest} (this process was "
@@ -39,7 +43,11 @@ def superseded(store: dist.Store, slot: int, incarnation: int) -> str | None:
 
 def registered_slots(store: dist.Store) -> list[int]:
     """Every slot that ever registered in this job, ascending."""
-    raw = get_or_none(store, keys.SLOTS)
+    return parse_slots(get_or_none(store, keys.SLOTS))
+
+
+def parse_slots(raw: bytes | None) -> list[int]:
+    """The `slots` key's value, as the registered slots, ascending."""
     if not raw:
         return []
     return sorted({int(s) for s in raw.decode().split(",") if s})
@@ -72,18 +80,28 @@ class SlotFacts:
         return self.replacing > self.incarnation
 
 
+FACT_KEYS = (keys.incarnation, keys.heartbeat, keys.progress, keys.dead, keys.left, keys.replacing)
+"""A slot's keys in one read of its facts; every one exists from registration on (multi_get never blocks)."""
+
+
 def read_facts(store: dist.Store, slots: list[int]) -> dict[int, SlotFacts]:
     """Read every slot's counters in one round trip."""
-    if not slots:
-        return {}
-    per_slot = (keys.incarnation, keys.heartbeat, keys.progress, keys.dead, keys.left, keys.replacing)
-    values = store.multi_get([key(slot) for slot in slots for key in per_slot])
+    return read_facts_and(store, slots, [])[1]
+
+
+def read_facts_and(store: dist.Store, slots: list[int], also: list[str]) -> tuple[list[bytes], dict[int, SlotFacts]]:
+    """The values of the keys `also` (each must exist) and every slot's facts, in one round trip."""
+    if not slots and not also:
+        return [], {}
+    values = store.multi_get(also + [key(slot) for slot in slots for key in FACT_KEYS])
+    extra, values = values[: len(also)], values[len(also):]
+    width = len(FACT_KEYS)
     facts = {}
     for i, slot in enumerate(slots):
-        raw = [v.decode() for v in values[i * 6 : i * 6 + 6]]
+        raw = [v.decode() for v in values[i * width : i * width + width]]
         progress, _, waiting = raw[2].partition(":")
         replacing, _, beat = raw[5].partition(":")
         inc, hb, dead, left = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4]))
         facts[slot] = SlotFacts(slot, inc, hb, int(progress or 0), waiting == "w", dead, left, int(replacing or 0),
                                 int(beat or 0))
-    return facts
+    return extra, facts

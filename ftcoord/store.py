@@ -137,3 +137,14 @@ def wait_for_key(store: dist.Store, key: str, timeout: float) -> bool:
             return bool(store.check([key]))
         if store.check([key]):
             return True
+
+
+def wait_once(store: dist.Store, key: str, timeout: float) -> bool:
+    """One store wait of up to `timeout` seconds; True when the key is there after it. Cheaper than wait_for_key
+    for a long-lived waiter that waits again anyway: a wait that times out costs two requests (TCPStore cancels
+    it), and no third to look at the key; a wake without the key (a compare_set that set nothing) is False."""
+    try:
+        store.wait([key], timedelta(seconds=timeout))
+    except dist.DistStoreError:
+        return False
+    return bool(store.check([key]))

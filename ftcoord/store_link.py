@@ -37,6 +37,8 @@ import secrets
 import socket
 import threading
 import time
+import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,11 +58,19 @@ T = TypeVar("T")
 
 
 _RETRY_MAX_S = 0.25  # the longest pause between two reconnection attempts: a returned store is seen within it
-_WATCH_S = 0.25  # how often the watchdog looks for unanswered operations
+_REQUESTS = {"get": 2, "multi_get": 2}
+"""Requests the server handles per call, where more than one: TCPStore's get and multi_get wait for their keys
+first (measured with a 10 ms proxy: 2 round trips; add, check and compare_set 1; set and append 1 but no reply
+waited for)."""
+_WATCH_S = 1.0  # how often the watchdog looks for unanswered operations (at most; op_timeout / 8 when shorter)
 
 
 class StoreRestarted(FtcoordError):
     """A pinned operation found a new instance of the store: what it was decided on is gone."""
+
+
+class ClientClosed(FtcoordError):
+    """An operation on a LinkedStore that was closed (a wait it sat in is cut: LinkedStore.close)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,7 @@ class StoreLink:
         self._watched: dict[int, tuple[float, dict[int, str] | None, dict[int, str]]] = {}
         self._next_token = 0
         self._closed = threading.Event()
+        self._clients: weakref.WeakSet[LinkedStore] = weakref.WeakSet()
         self._log = get_logger(component="store_link", store=str(self.address))
         self._watchdog = threading.Thread(target=self._watch, name="ftcoord-store-watch", daemon=True)
         self._watchdog.start()
@@ -160,6 +171,14 @@ class StoreLink:
     def client(self, *, prefixed: bool = True) -> LinkedStore:
         """A new client for one thread (`prefixed`: the job's keys; else the whole store)."""
         return LinkedStore(self, prefixed)
+
+    def requests(self) -> Counter[tuple[str, str]]:
+        """Requests this process sent to the store, by (thread role, operation): what `chaos bench --scale`
+        counts. A wait that timed out is two (the wait and its cancellation)."""
+        total: Counter[tuple[str, str]] = Counter()
+        for client in list(self._clients):
+            total.update(client.requests)
+        return total
 
     def connect(self) -> LinkedStore:
         """The first client: connects within connect_timeout (StoreUnavailable otherwise) and settles the
@@ -372,7 +391,7 @@ class StoreLink:
             self._watched.pop(token, None)
 
     def _watch(self) -> None:
-        while not self._closed.wait(_WATCH_S):
+        while not self._closed.wait(min(_WATCH_S, self.op_timeout / 8)):
             now = time.monotonic()
             with self._watch_lock:
                 overdue = [(t, w) for t, w in self._watched.items() if w[0] <= now]
@@ -393,6 +412,19 @@ class LinkedStore:
         self.link = link
         self._prefixed = prefixed
         self._connection: _Connection | None = None
+        self.requests: Counter[tuple[str, str]] = Counter()
+        """Requests sent, by (role of the thread that sent it, operation); one thread per client, so exact."""
+        self._closed = False
+        self._roles: dict[int, str] = {}  # thread id -> role, for the counts
+        link._clients.add(self)
+
+    def close(self) -> None:
+        """No more operations on this client; one in flight (a long wait) is cut now, from any thread, by shutting
+        its connection's sockets down, and raises ClientClosed instead of reconnecting."""
+        self._closed = True
+        connection = self._connection
+        if connection is not None:
+            group_sockets.shut_down(dict(connection.sockets))
 
     @property
     def epoch(self) -> int:
@@ -412,11 +444,18 @@ class LinkedStore:
             store.check([keys.INSTANCE])
             return store
 
-        return self._call(alive)
+        return self._call("check", alive)
 
-    def _call(self, op: Callable[[dist.Store], T], wait_s: float = 0.0, pinned: int | None = None) -> T:
+    def _call(self, name: str, op: Callable[[dist.Store], T], wait_s: float = 0.0, pinned: int | None = None) -> T:
         link = self.link
+        thread = threading.get_ident()
+        role = self._roles.get(thread)
+        if role is None:
+            role = self._roles[thread] = thread_role()
+        self.requests[(role, name)] += _REQUESTS.get(name, 1)
         while True:
+            if self._closed:
+                raise ClientClosed(f"this client of the store at {link.address} was closed")
             if pinned is not None and link.instance_number != pinned:
                 raise StoreRestarted(f"the store restarted (instance {link.instance}) since this write was decided")
             connection = self._connection
@@ -429,7 +468,7 @@ class LinkedStore:
             try:
                 return op(connection.view)
             except Exception as exc:
-                if not is_connection_failure(exc):
+                if not is_connection_failure(exc) or self._closed:
                     raise
                 self._connection = link._reopen(connection, self._prefixed, exc)
             finally:
@@ -438,41 +477,53 @@ class LinkedStore:
     # -- the dist.Store operations ftcoord uses ---------------------------------------------------
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._call(lambda s: s.set(key, value))
+        self._call("set", lambda s: s.set(key, value))
 
     def get(self, key: str) -> bytes:
-        return self._call(lambda s: s.get(key))
+        return self._call("get", lambda s: s.get(key))
 
     def add(self, key: str, amount: int) -> int:
-        return self._call(lambda s: s.add(key, amount))
+        return self._call("add", lambda s: s.add(key, amount))
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes, *, pinned: int | None = None) -> bytes:
-        return self._call(lambda s: s.compare_set(key, expected, desired), pinned=pinned)
+        return self._call("compare_set", lambda s: s.compare_set(key, expected, desired), pinned=pinned)
 
     def check(self, names: Sequence[str]) -> bool:
-        return self._call(lambda s: s.check(list(names)))
+        return self._call("check", lambda s: s.check(list(names)))
 
     def wait(self, names: Sequence[str], timeout: timedelta | None = None) -> None:
         seconds = timeout.total_seconds() if timeout is not None else 300.0
-        if timeout is None:
-            self._call(lambda s: s.wait(list(names)), wait_s=seconds)
-        else:
-            self._call(lambda s: s.wait(list(names), timeout), wait_s=seconds)
+        try:
+            if timeout is None:
+                self._call("wait", lambda s: s.wait(list(names)), wait_s=seconds)
+            else:
+                self._call("wait", lambda s: s.wait(list(names), timeout), wait_s=seconds)
+        except dist.DistStoreError:
+            self.requests[(thread_role(), "cancel_wait")] += 1  # TCPStore cancels a timed-out wait with a request
+            raise
 
     def multi_get(self, names: Sequence[str]) -> list[bytes]:
-        return self._call(lambda s: s.multi_get(list(names)))
+        return self._call("multi_get", lambda s: s.multi_get(list(names)))
 
     def append(self, key: str, value: str | bytes) -> None:
-        self._call(lambda s: s.append(key, value))
+        self._call("append", lambda s: s.append(key, value))
 
     def delete_key(self, key: str) -> bool:
-        return self._call(lambda s: s.delete_key(key))
+        return self._call("delete_key", lambda s: s.delete_key(key))
 
     def num_keys(self) -> int:
-        return self._call(lambda s: s.num_keys())
+        return self._call("num_keys", lambda s: s.num_keys())
 
     def set_timeout(self, timeout: timedelta) -> None:  # every operation is bounded by the link
         pass
+
+
+def thread_role(name: str | None = None) -> str:
+    """What a thread does, from its name: "heartbeat" for ftcoord-heartbeat-3, "trainer" for any of the user's."""
+    name = threading.current_thread().name if name is None else name
+    if not name.startswith("ftcoord-"):
+        return "trainer"
+    return name[len("ftcoord-"):].rstrip("0123456789").rstrip("-") or "ftcoord"
 
 
 def pinned_compare_set(store: Any, pinned: int | None, key: str, expected: str, desired: str) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -13,6 +14,23 @@ from ftcoord import arguments, log
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse
 from ftcoord.listen import bind_listen_socket
+
+_CONNECTIONS_WANTED = 65536  # ~5 per process (ftcoord.participant's clients, a launcher's) for 10k+ ranks
+
+
+def raise_open_files() -> int:
+    """Raise this process's open-file limit to its hard limit: every client connection is a descriptor, about five
+    per rank's process (the default soft limit, often 1024, caps a job near 200 processes). The new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, _CONNECTIONS_WANTED)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,14 +60,18 @@ def main(argv: list[str] | None = None) -> int:
 
     log.configure(args.log_file, console=not args.quiet)
     logger = log.get_logger(component="store")
+    open_files = raise_open_files()
     server = StoreServer(args.host, sock.getsockname()[1], sock=sock)
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     print(json.dumps({"event": "store_ready", "address": server.address, "host": server.host,
-                      "port": server.port, "pid": os.getpid()}), flush=True)
-    logger.info("store_ready", address=server.address)
+                      "port": server.port, "pid": os.getpid(), "max_connections": open_files}), flush=True)
+    logger.info("store_ready", address=server.address, max_open_files=open_files)
+    if open_files < _CONNECTIONS_WANTED:
+        logger.warning("store_open_files_low", max_open_files=open_files, processes=open_files // 5,
+                       what_to_do="raise the hard limit (ulimit -Hn, LimitNOFILE=) for jobs of more processes")
     while not stop.wait(3600):
         pass
     server.close()

@@ -37,6 +37,7 @@ from ftcoord.standby_keeper import StandbyKeeper
 from ftcoord.store import get_or_none, read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
+FENCE_POLL_S = 0.1  # how often a launcher reads its slots' fences (ftcoord.leader)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -105,6 +106,7 @@ class Supervisor:
             self._use_standby = False  # the whole-job restart baseline starts every process afresh
         self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
         self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
+        self._fences_due = 0.0
         self._env = children_env(self.config.nproc)
         if "OMP_NUM_THREADS" not in os.environ:
             self._log.info("omp_threads_set", omp_num_threads=self._env["OMP_NUM_THREADS"],
@@ -372,8 +374,11 @@ class Supervisor:
         turn a hang into a longer stall for every peer.
         """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
-        if not running:
+        if not running or now < self._fences_due:
             return
+        # Read every FENCE_POLL_S, not every tick: a fence follows a heartbeat timeout of silence at the soonest,
+        # and a thousand launchers polling every 20 ms would load the store more than all their ranks.
+        self._fences_due = now + FENCE_POLL_S
         values = self.store.multi_get([keys.fence(s.slot) for s in running])
         term: int | None = None
         for slot, value in zip(running, values, strict=True):

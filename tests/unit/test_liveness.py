@@ -8,9 +8,12 @@ import time
 import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.decisions import LeaderClaim
 from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
+from ftcoord.monitor import InterruptMonitor
+from ftcoord.participant import Participant
 from tests.helpers.wait import wait_until
 
 
@@ -84,52 +87,96 @@ def test_silence_since_a_question_counts_only_for_an_observer_that_watched_befor
     assert not observer.silent_since("hb/0", asked, asked)
 
 
-def test_a_heartbeat_thread_answers_a_probe_at_once_whatever_its_interval(store_server: StoreServer,
-                                                                          job_id: str) -> None:
-    """The evidence path's keystone: a live process beats within milliseconds of a leader's question,
-    so silence after one is proof enough (ftcoord.evidence)."""
-    store = job_store(connect(store_server.address), job_id)
-    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=3, interval=30.0)
+def _member(store_server: StoreServer, job_id: str, slot: int) -> tuple[Heartbeat, InterruptMonitor]:
+    """A member's heartbeat (30 s interval) and interrupt monitor (30 s slices), wired as a Participant wires them."""
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=slot, interval=30.0)
+    monitor = InterruptMonitor(job_store(connect(store_server.address), job_id), slot, 1, slice_s=30.0,
+                               on_beat=heartbeat.beat_now)
     heartbeat.start()
+    monitor.start()
+    return heartbeat, monitor
+
+
+@pytest.mark.parametrize("interrupted_first", [False, True], ids=["running", "already-interrupted"])
+def test_a_member_answers_a_probe_at_once_whatever_its_interval(store_server: StoreServer, job_id: str,
+                                                                interrupted_first: bool) -> None:
+    """The evidence path's keystone: a live member beats within milliseconds of a leader's question, so silence
+    after one is proof enough (ftcoord.evidence). Asked while its generation runs (the question ends it) and
+    after it was interrupted by someone else (its monitor then waits on the question itself)."""
+    store = job_store(connect(store_server.address), job_id)
+    heartbeat, monitor = _member(store_server, job_id, slot=3)
     try:
+        monitor.watch(7)
+        if interrupted_first:
+            store.compare_set(keys.interrupt(7), "", "rejoin:slot=1")
+            wait_until(lambda: monitor.fired, 5.0, "the interrupt")
+            time.sleep(0.3)  # its beat for the interrupt is long past when the question comes
         before = int(store.add(keys.heartbeat(3), 0))
         probe = Probe(store)
         asked = probe.ask(generation=7)
         assert probe.ask(generation=7) == asked  # once per generation
-        deadline = time.monotonic() + 10.0
-        while int(store.add(keys.heartbeat(3), 0)) == before and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: int(store.add(keys.heartbeat(3), 0)) > before, 10.0, "an answer to the probe")
         answered = time.monotonic() - asked
-        assert int(store.add(keys.heartbeat(3), 0)) > before, "the heartbeat thread never answered the probe"
         assert answered < 1.0, f"answered after {answered:.3f}s: a live member would be declared gone"
-        assert heartbeat.failed is None
+        assert monitor.fired and heartbeat.failed is None and monitor.failed is None
     finally:
+        monitor.stop()
         heartbeat.stop()
 
 
-def test_a_probe_asked_while_the_heartbeat_thread_starts_is_answered(store_server: StoreServer, job_id: str,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A busy machine starts a thread late: a leader's probe asked after `start()` returned but before the thread
-    ran must still be answered at once (CI: a thread that read the probe counter itself missed it, and stayed
-    silent for its whole 30 s interval)."""
+def test_a_probe_asked_while_the_monitor_thread_starts_is_answered(store_server: StoreServer, job_id: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy machine starts a thread late: a question asked before the monitor's thread ran is still answered
+    at once (the probe key stays; a heartbeat thread that counted probes missed one once, and stayed silent for
+    its whole 30 s interval)."""
     asked = threading.Event()
-    run = Heartbeat._run
+    run = InterruptMonitor._run
 
-    def late_run(self: Heartbeat) -> None:
+    def late_run(self: InterruptMonitor) -> None:
         asked.wait(10.0)
         run(self)
 
-    monkeypatch.setattr(Heartbeat, "_run", late_run)
+    monkeypatch.setattr(InterruptMonitor, "_run", late_run)
     store = job_store(connect(store_server.address), job_id)
-    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=5, interval=30.0)
-    heartbeat.start()
+    heartbeat, monitor = _member(store_server, job_id, slot=5)
     try:
+        monitor.watch(1)
         before = int(store.add(keys.heartbeat(5), 0))
         Probe(store).ask(generation=1)
         asked.set()
         wait_until(lambda: int(store.add(keys.heartbeat(5), 0)) > before, 5.0, "an answer to the probe")
     finally:
+        monitor.stop()
         heartbeat.stop()
+
+
+def test_a_decision_releases_the_monitors_of_the_generation_before(store_server: StoreServer, job_id: str) -> None:
+    """After its generation was interrupted, a member's monitor waits for a question about it (30 s slices here);
+    the leader's decision of the next generation ends that wait, so an interrupt of the next one is seen at once
+    (sabotage: without the leader's release, the second interrupt waited for the slice)."""
+    timing = Timing(heartbeat_interval=0.5, heartbeat_timeout=15.0, join_timeout=0.5, barrier_timeout=30.0)
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), timing).start() for slot in range(2)]
+    try:
+        def join_all() -> None:
+            threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in parts]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+
+        join_all()
+        assert parts[0].generation == parts[1].generation == 1
+        parts[0].interrupt("test")
+        wait_until(lambda: all(p.interrupted for p in parts), 5.0, "generation 1 interrupted")
+        join_all()
+        assert parts[0].generation == parts[1].generation == 2
+        asked = time.monotonic()
+        parts[1].interrupt("test again")
+        wait_until(lambda: all(p.interrupted for p in parts), 5.0, "generation 2's interrupt seen by both")
+        assert time.monotonic() - asked < 2.0
+    finally:
+        for p in parts:
+            p.close()
 
 
 def test_leader_claim_round_trips() -> None:

@@ -222,8 +222,8 @@ def test_a_pause_between_reading_and_judging_is_not_a_members_silence(store_serv
                       progress_timeout=0.5)
     member = (1, 1, SlotFacts(1, 1, heartbeat=5, progress=7, waiting=False, dead=0, left=0, replacing=0))
     first = time.monotonic()
-    assert duty._hung_members(1, [member], first) == set()
+    assert duty._judge.hung_members(1, [member], first) == set()
     second = time.monotonic()  # read again: the member published nothing new in between (one beat apart)
     time.sleep(0.8)  # paused between that read and the judgement, longer than the progress timeout
-    assert duty._hung_members(1, [member], second) == set(), "the leader's own pause was taken for silence"
-    assert duty._hung_members(1, [member], time.monotonic()) == {1}, "a real silence is still seen"
+    assert duty._judge.hung_members(1, [member], second) == set(), "the leader's own pause was taken for silence"
+    assert duty._judge.hung_members(1, [member], time.monotonic()) == {1}, "a real silence is still seen"

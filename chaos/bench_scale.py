@@ -1,0 +1,453 @@
+"""`chaos bench --scale`: the coordination protocol among thousands of participants, by simulation.
+
+What is real: the store server (`ftcoord-store`, its own process: its memory and CPU are measured), every
+participant (an ftcoord Participant with its own store clients and its heartbeat, leader duty, interrupt
+monitor and helper watch threads), SIGKILL. What is simulated: the training (a trainer thread per participant
+pings progress and rejoins when interrupted; no model, no collectives) and the hosts: participants share a
+few processes on this machine, so the network is loopback and every participant's CPU comes out of the same
+2 cores. Per size N, the measures of issue 17:
+
+- `advance`: the current generation interrupted with everyone present, until every participant holds the
+  next record (median over repetitions of the slowest participant; and the median participant);
+- `reform_marked`: one participant SIGKILLed and marked dead (as its launcher does), until every survivor
+  holds a record without it;
+- `detect_silent`: one SIGKILLed with nobody to mark it, until the leader interrupts the generation for its
+  silence (target: heartbeat_timeout + one interval), and until the survivors re-formed;
+- `false_positives`: live participants left out of any generation (a wrong death);
+- `ops_per_participant_s`: store requests per participant per second at steady state (all threads of all
+  participants, the leader included; a timed-out wait counts twice), by thread role;
+- `leader_cpu_per_advance_s`: the leader duty thread's CPU over the advances, per advance;
+- store memory (RSS) and key count, after formation and after `--generations` back-to-back advances.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from chaos.bench_recovery import summary
+from ftcoord import keys
+from ftcoord.config import Timing
+from ftcoord.heartbeat import mark_dead
+from ftcoord.server import StoreProcess
+from ftcoord.store_link import StoreLink
+
+HOST = "127.0.0.1"
+DEFAULT_SIZES = (64, 256, 1024, 4096)
+PER_PROCESS = 64  # simulated participants per worker process (hundreds of threads each: more would starve)
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[str]
+    first: int
+    count: int
+    events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+
+
+class Swarm:
+    """The worker processes of one size, and what they say."""
+
+    def __init__(self, address: str, job: str, n: int, log: TextIO, step_s: float) -> None:
+        self.n = n
+        self.joined: dict[int, dict[int, float]] = defaultdict(dict)  # generation -> slot -> when
+        self.worlds: dict[int, int] = {}
+        self.problems: list[str] = []
+        self.incarnations: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._counts: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.started = 0
+        self.workers: list[Worker] = []
+        command = [sys.executable, "-m", "chaos.scale_worker", "--store", address, "--job", job, "--target", str(n),
+                   "--step-s", str(step_s)]
+        # The last two slots each get a process of their own, started last (so neither leads): the kills' victims.
+        bulk = [(first, min(PER_PROCESS, n - 2 - first)) for first in range(0, n - 2, PER_PROCESS)]
+        for first, count in bulk:
+            self._spawn(command, first, count, log)
+        self.wait_for(lambda: self.started == len(bulk), 60 + n / 4, f"{n - 2} participants to start")
+        for first in (n - 2, n - 1):
+            self._spawn(command, first, 1, log)
+
+    def _spawn(self, command: list[str], first: int, count: int, log: TextIO) -> None:
+        process = subprocess.Popen(command + ["--first", str(first), "--count", str(count)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+        worker = Worker(process, first, count)
+        self.workers.append(worker)
+        threading.Thread(target=self._read, args=(worker,), daemon=True).start()
+
+    def _read(self, worker: Worker) -> None:
+        assert worker.process.stdout is not None
+        for line in worker.process.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = event["event"]
+            with self._lock:
+                if kind == "joined":
+                    self.joined[event["generation"]][event["slot"]] = event["t"]
+                    self.worlds[event["generation"]] = event["world"]
+                elif kind == "started":
+                    self.started += 1
+                    self.incarnations.update({int(s): i for s, i in event["incarnations"].items()})
+                elif kind in ("left", "helper_failed"):
+                    self.problems.append(f"slot {event['slot']}: {kind}: {event['reason']}")
+            if kind == "counts":
+                self._counts.put(event)
+
+    def wait_for(self, condition: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if condition():
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout:.0f}s ({len(self.problems)} problems: "
+                                   f"{self.problems[:3]})")
+            time.sleep(0.01)
+
+    def everyone_in(self, after: int, slots: set[int]) -> int | None:
+        """The newest generation after `after` that every slot of `slots` joined, with exactly them."""
+        for generation in sorted(self.joined, reverse=True):
+            if generation > after and set(self.joined[generation]) >= slots and self.worlds[generation] == len(slots):
+                return generation
+        return None
+
+    def counts(self) -> tuple[Counter[str], float | None]:
+        """Store requests by role/op over all workers, and the leader thread's CPU seconds."""
+        live = [w for w in self.workers if w.process.poll() is None]
+        for worker in live:
+            assert worker.process.stdin is not None
+            worker.process.stdin.write("counts\n")
+            worker.process.stdin.flush()
+        total: Counter[str] = Counter()
+        leader_cpu = None
+        for _ in live:
+            event = self._counts.get(timeout=60)
+            total.update(event["requests"])
+            if event["leader_cpu_s"] is not None:
+                leader_cpu = event["leader_cpu_s"]
+        return total, leader_cpu
+
+    def cpu_s(self) -> float:
+        """CPU seconds the live worker processes used (the simulated participants' own cost, on this machine)."""
+        total = 0.0
+        for worker in self.workers:
+            try:
+                total += _cpu_s(worker.process.pid)
+            except OSError:
+                pass
+        return total
+
+    def kill(self, slot: int) -> None:
+        worker = next(w for w in self.workers if w.first == slot and w.count == 1)
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.process.poll() is None and worker.process.stdin is not None:
+                try:
+                    worker.process.stdin.write("stop\n")
+                    worker.process.stdin.flush()
+                except OSError:
+                    pass
+        for worker in self.workers:
+            try:
+                worker.process.wait(10)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return math.nan
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_size(n: int, *, repetitions: int, generations: int, window_s: float, step_s: float,
+             log: TextIO, say: Any) -> dict[str, Any]:
+    """Every measure for one size (see the module docstring)."""
+    timing = Timing()
+    server = StoreProcess.start(HOST, 0)
+    pid = server.process.pid
+    job = f"scale-{n}"
+    link = StoreLink(server.address, job, connect_timeout=30)
+    store = link.connect()
+    result: dict[str, Any] = {"participants": n}
+    swarm = Swarm(server.address, job, n, log, step_s)
+    try:
+        everyone = set(range(n))
+        started = time.monotonic()
+        swarm.wait_for(lambda: swarm.everyone_in(0, everyone) is not None, 120 + n / 8, f"{n} participants formed")
+        result["form_s"] = round(time.monotonic() - started, 3)
+        generation = formed = swarm.everyone_in(0, everyone)
+        assert generation is not None
+        say(f"  N={n}: formed generation {generation} in {result['form_s']} s")
+        time.sleep(2.0)  # settle: every thread in its steady state
+
+        before, _ = swarm.counts()
+        t0 = time.monotonic()
+        cpu0, workers0 = _cpu_s(pid), swarm.cpu_s()
+        time.sleep(window_s)
+        after, _ = swarm.counts()
+        elapsed = time.monotonic() - t0
+        result["participants_cpu_share"] = round((swarm.cpu_s() - workers0) / elapsed, 3)
+        by_role: Counter[str] = Counter()
+        for name, count in (after - before).items():
+            by_role[name.split("/")[0]] += count
+        per = {role: round(count / n / elapsed, 3) for role, count in sorted(by_role.items())}
+        result["ops_per_participant_s"] = {"total": round(sum(by_role.values()) / n / elapsed, 3), **per}
+        result["ops_by_request"] = {k: round(v / n / elapsed, 3) for k, v in sorted((after - before).items())}
+        result["ops_budget"] = round(2 / timing.heartbeat_interval, 3)
+        result["store_cpu_share"] = round((_cpu_s(pid) - cpu0) / elapsed, 3)
+        say(f"  N={n}: {result['ops_per_participant_s']['total']} store requests per participant per s "
+            f"(budget {result['ops_budget']})")
+
+        _, cpu_before = swarm.counts()
+        advances, medians, phases = [], [], []
+        for _ in range(repetitions):
+            t0 = time.monotonic()
+            store.compare_set(keys.interrupt(generation), "", "bench:advance")
+            announced, decided = _watch_decision(store, generation + 1, n, 60 + n / 16)
+            swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60 + n / 16,
+                           f"advance past generation {generation}")
+            generation = swarm.everyone_in(generation, everyone)
+            assert generation is not None
+            times = [t - t0 for t in swarm.joined[generation].values()]
+            advances.append(max(times))
+            medians.append(statistics.median(times))
+            phases.append((announced - t0, decided - announced, max(times) - (decided - t0)))
+            time.sleep(0.5)
+        _, cpu_after = swarm.counts()
+        result["advance_s"] = summary(advances)
+        result["advance_median_participant_s"] = summary(medians)
+        # Where an advance's time goes: every participant announced itself (their rejoin: in this simulation,
+        # thousands of them share 2 cores), the leader decided (the protocol's own critical path), every
+        # participant holds the record (delivery).
+        result["advance_phases_s"] = {name: summary([p[i] for p in phases])
+                                      for i, name in enumerate(("all_announced", "decided_after", "delivered_after"))}
+        if cpu_before is not None and cpu_after is not None:
+            result["leader_cpu_per_advance_s"] = round((cpu_after - cpu_before) / repetitions, 4)
+        say(f"  N={n}: advance {result['advance_s']}")
+
+        # One participant SIGKILLed and marked dead by "its launcher" (this driver).
+        victim = n - 2
+        t0 = time.monotonic()
+        swarm.kill(victim)
+        mark_dead(store, victim, swarm.incarnations[victim])
+        everyone -= {victim}
+        swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60 + n / 16,
+                       "re-form without the marked victim")
+        generation = swarm.everyone_in(generation, everyone)
+        assert generation is not None
+        result["reform_marked_s"] = round(max(swarm.joined[generation].values()) - t0, 4)
+
+        # One SIGKILLed with nobody to mark it: the leader must notice its silence.
+        time.sleep(1.0)
+        victim = n - 1
+        t0 = time.monotonic()
+        swarm.kill(victim)
+        detected = None
+        while time.monotonic() - t0 < 3 * timing.heartbeat_timeout:
+            if store.check([keys.interrupt(generation)]):
+                detected = time.monotonic() - t0
+                break
+            time.sleep(0.005)
+        everyone -= {victim}
+        swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60 + n / 16,
+                       "re-form without the silent victim")
+        generation = swarm.everyone_in(generation, everyone)
+        assert generation is not None
+        result["detect_silent_s"] = None if detected is None else round(detected, 4)
+        result["detect_target_s"] = timing.heartbeat_timeout + timing.heartbeat_interval
+        result["reform_silent_s"] = round(max(swarm.joined[generation].values()) - t0, 4)
+        # Exactly one generation per change: formation, the advances, the two kills. A live participant
+        # wrongly declared dead costs extra generations (it is left out, then rejoins).
+        changes = len([g for g in swarm.joined if g > formed])
+        result["generation_changes"] = changes
+        result["false_positives"] = changes - (repetitions + 2) + len(swarm.problems)
+        result["problems"] = swarm.problems[:10]
+        result["store_rss_mb"] = _rss_mb(pid)
+        result["store_keys"] = store.num_keys()
+
+        if generations:
+            result["memory"] = _many_generations(swarm, store, generation, everyone, generations, pid, say)
+        return result
+    finally:
+        swarm.close()
+        link.close()
+        server.stop()
+
+
+def _watch_decision(store: Any, generation: int, n: int, timeout: float) -> tuple[float, float]:
+    """When every participant had announced itself for `generation`, and when its record was written (polled)."""
+    announced = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if announced is None and int(store.add(keys.join_count(generation), 0)) >= n:
+            announced = now
+        if store.check([keys.record(generation)]):
+            return (announced or now), now
+        time.sleep(0.002)
+    raise TimeoutError(f"generation {generation} was not decided within {timeout:.0f}s")
+
+
+def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[int], count: int, pid: int,
+                      say: Any) -> dict[str, Any]:
+    """Advance `count` times back to back; the store's memory and key count along the way."""
+    samples = []
+    marks = {10, 100, count // 2, count}  # from 100 on: past the tombstones' span (decisions.TOMBSTONE_SPAN)
+    for i in range(1, count + 1):
+        store.compare_set(keys.interrupt(generation), "", "bench:advance")
+        swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60,
+                       f"advance {i} of {count}")
+        generation = swarm.everyone_in(generation, everyone) or generation
+        with swarm._lock:  # keep the driver's own memory flat too
+            for old in [g for g in swarm.joined if g < generation - 2]:
+                del swarm.joined[old]
+        if i in marks:
+            samples.append({"advances": i, "store_rss_mb": _rss_mb(pid), "store_keys": store.num_keys()})
+            say(f"    after {i} advances: {samples[-1]}")
+    settled = next((x for x in samples if x["advances"] >= 100), samples[0])
+    return {"samples": samples, "from_advances": settled["advances"],
+            "rss_growth_mb": round(samples[-1]["store_rss_mb"] - settled["store_rss_mb"], 1),
+            "keys_growth": samples[-1]["store_keys"] - settled["store_keys"]}
+
+
+def parse_sizes(text: str) -> list[int]:
+    """`--sizes 64,256`: participant counts of at least 8 (two are the kills' victims), at most 16384."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--sizes {text!r}: give participant counts separated by commas, e.g. 64,256,1024") from None
+    bad = [n for n in sizes if not 8 <= n <= 16384]
+    if not sizes or bad:
+        raise ValueError(f"--sizes {text!r}: each count must be between 8 and 16384 (got {bad or 'none'})")
+    return sizes
+
+
+def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generations: int | None = None) -> int:
+    """Every size in `sizes`, then scale.json, scale.md and scale.png in `out`; exit 1 when a target is missed."""
+    out.mkdir(parents=True, exist_ok=True)
+    repetitions = 3 if quick else 5
+    if generations is None:
+        generations = 100 if quick else 1000
+    results = []
+    with (out / "workers.log").open("w") as log:
+        for n in sizes:
+            print(f"N={n}: starting {n} simulated participants", flush=True)
+            # The store's memory over many generations is measured at the smallest size (the advances are fast).
+            results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,
+                                    window_s=12.0, step_s=2.0, log=log, say=lambda text: print(text, flush=True)))
+            (out / "scale.json").write_text(json.dumps({"machine": _machine(), "sizes": results}, indent=1))
+    misses = targets_missed(results)
+    (out / "scale.md").write_text(markdown(results, misses))
+    _plot(results, out / "scale.png")
+    print((out / "scale.md").read_text())
+    return 1 if misses else 0
+
+
+def _machine() -> dict[str, Any]:
+    from chaos.bench import machine
+
+    return machine()
+
+
+def targets_missed(results: list[dict[str, Any]]) -> list[str]:
+    """Issue 17's targets, each a sentence when missed (a measure that could not be made is a miss too)."""
+    missed = []
+    timing = Timing()
+    for r in results:
+        n = r["participants"]
+        limit = 0.25 if n <= 1024 else 1.0
+        if r["advance_s"]["median"] > limit:
+            missed.append(f"N={n}: advance {r['advance_s']['median']} s > {limit} s")
+        if r["ops_per_participant_s"]["total"] > r["ops_budget"]:
+            missed.append(f"N={n}: {r['ops_per_participant_s']['total']} store requests per participant per s > "
+                          f"{r['ops_budget']}")
+        detect_limit = timing.heartbeat_timeout + timing.heartbeat_interval
+        if r.get("detect_silent_s") is None or r["detect_silent_s"] > detect_limit:
+            missed.append(f"N={n}: a silent SIGKILL detected after {r.get('detect_silent_s')} s > "
+                          f"{timing.heartbeat_timeout + timing.heartbeat_interval} s")
+        if r["false_positives"]:
+            missed.append(f"N={n}: {r['false_positives']} false positive(s): {r['problems'][:3]}")
+        memory = r.get("memory")
+        if memory is not None and memory["keys_growth"] > 0:
+            missed.append(f"N={n}: the store grew by {memory['keys_growth']} keys from generation "
+                          f"{memory['from_advances']} to {memory['samples'][-1]['advances']}")
+    return missed
+
+
+def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
+    head = ("| participants | advance, slowest (median, min-max) | advance, median participant | re-form after a "
+            "marked kill | silent kill: detected / re-formed | store requests per participant per s | "
+            "leader CPU per advance | store RSS | store keys |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in results:
+        a, m = r["advance_s"], r["advance_median_participant_s"]
+        lines.append(
+            f"| {r['participants']} | {a['median'] * 1000:.0f} ms ({a['min'] * 1000:.0f}-{a['max'] * 1000:.0f}) "
+            f"| {m['median'] * 1000:.0f} ms | {r['reform_marked_s'] * 1000:.0f} ms | {r['detect_silent_s']} s / "
+            f"{r['reform_silent_s']} s | {r['ops_per_participant_s']['total']} (budget {r['ops_budget']}) | "
+            f"{r.get('leader_cpu_per_advance_s', 'n/a')} s | {r['store_rss_mb']} MB | {r['store_keys']} |")
+    memory = [f"- N={r['participants']}: {s['advances']} advances: store RSS {s['store_rss_mb']} MB, "
+              f"{s['store_keys']} keys" for r in results if r.get("memory") for s in r["memory"]["samples"]]
+    roles = [f"- N={r['participants']}: " + ", ".join(f"{k} {v}" for k, v in r["ops_per_participant_s"].items())
+             for r in results]
+    phases = [f"- N={r['participants']}: every participant announced {_ms(r, 'all_announced')}, the leader decided "
+              f"{_ms(r, 'decided_after')} later, every participant held the record {_ms(r, 'delivered_after')} "
+              f"after that; at steady state the simulated participants used {r.get('participants_cpu_share')} "
+              f"and the store {r['store_cpu_share']} of a core" for r in results]
+    verdict = "every target met" if not misses else "missed: " + "; ".join(misses)
+    return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n" + head + "\n".join(lines)
+            + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases)
+            + "\n\nStore requests per participant per second, by thread:\n" + "\n".join(roles)
+            + "\n\nThe store over many generations:\n" + ("\n".join(memory) or "- not measured")
+            + f"\n\n{verdict}\n")
+
+
+def _ms(result: dict[str, Any], phase: str) -> str:
+    return f"{result['advance_phases_s'][phase]['median'] * 1000:.0f} ms"
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["participants"] for r in results]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [r["advance_s"]["median"] * 1000 for r in results], "o-", label="advance, slowest participant")
+    ax.plot(sizes, [r["advance_median_participant_s"]["median"] * 1000 for r in results], "s--",
+            label="advance, median participant")
+    ax.plot(sizes, [r["reform_marked_s"] * 1000 for r in results], "^:", label="re-form after a marked kill")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("participants")
+    ax.set_ylabel("ms")
+    ax.set_title("ftcoord generation change vs participants (simulated, 2 cores)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,126 @@
+"""The leader's judgement of who is dead: silence, evidence, a stuck training thread; and the fences that follow.
+
+Made on observations only (ftcoord.heartbeat.LivenessObserver): a counter is silent for the time between
+the read that first showed its value and the latest read, so an observer paused between its reads and its
+judgement calls nobody dead. Evidence (a launcher's dead mark, a connection closed under a collective and no
+answer to the leader's question: ftcoord.evidence) needs no waiting; silence for heartbeat_timeout is the
+last resort. A member alive but making no progress for progress_timeout is stuck: only the culprit is fenced
+(its launcher kills it, so its peers fail at once), never a peer that waits for it in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.distributed as dist
+
+from ftcoord import evidence, keys
+from ftcoord.config import Timing
+from ftcoord.heartbeat import LivenessObserver
+from ftcoord.record import GenerationRecord
+from ftcoord.slots import SlotFacts
+
+
+class Judge:
+    """One leader duty's observations of the job's processes, and what it concludes from them."""
+
+    def __init__(self, store: dist.Store, timing: Timing, progress_timeout: float | None, log: object) -> None:
+        self._store = store
+        self._timing = timing
+        self._progress_timeout = progress_timeout
+        self._log = log
+        self.observer = LivenessObserver(timing.heartbeat_timeout)
+        self.fenced: set[tuple[int, int]] = set()
+        self.probe = evidence.Probe(store)
+
+    def rebuilt(self) -> None:
+        """The store restarted: what was fenced and asked there is gone; fence and ask again."""
+        self.fenced.clear()
+        self.probe = evidence.Probe(self._store)
+
+    def observe(self, facts: dict[int, SlotFacts], read_at: float, replacing: bool = True) -> None:
+        """Feed a read of slots' counters, as of when it was asked (a store that hung during the read kept
+        everyone from beating, and its silence is not theirs)."""
+        for slot, fact in facts.items():
+            # With the incarnation: a new one gets a timeout of its own (register bumps it before the counter).
+            self.observer.observe(f"hb/{slot}", (fact.incarnation, fact.heartbeat), at=read_at)
+            if replacing:  # a new announcement starts at beat 0, like the last one may have
+                self.observer.observe(f"replacing/{slot}", (fact.replacing, fact.replacing_beat), at=read_at)
+
+    def gone_by_evidence(self, record: GenerationRecord | None, joined: set[int] = frozenset()) -> set[int]:
+        """Members of `record` gone by evidence: a connection closed under the generation, and they neither
+        rejoined, nor said they were leaving, nor beat for `evidence_silence` or since they were asked to
+        (a probe, answered within `probe_grace` by any live process: ftcoord.evidence)."""
+        if record is None or record.failed is not None:
+            return set()
+        closed, leaving = evidence.read(self._store, record.generation)
+        if not closed:
+            return set()
+        asked = self.probe.ask(record.generation)
+        answered_by = asked + self._timing.probe_grace  # a read after this that shows no beat: no answer
+        return {m for m in record.members if m not in joined and m not in leaving
+                and (self.observer.silent_for(f"hb/{m}") >= self._timing.evidence_silence
+                     or self.observer.silent_since(f"hb/{m}", asked, answered_by))}
+
+    def alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
+        return not facts.is_gone(incarnation) and not self.observer.is_stale(f"hb/{facts.slot}")
+
+    def interrupt_if_member_dead(self, record: GenerationRecord, facts: dict[int, SlotFacts], read_at: float,
+                                 term: int) -> bool:
+        """Interrupt the running generation when a member is dead or hung (True when this round did)."""
+        members = [(m, i, facts[m]) for m, i in zip(record.members, record.incarnations, strict=True) if m in facts]
+        hung = self.hung_members(record.generation, members, read_at)
+        for member, inc, fact in members:
+            if self.alive(fact, inc) and member not in hung:
+                continue
+            reason = "hung" if member in hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
+            if not fact.is_gone(inc):
+                self._fence(member, inc, reason, term)  # a hung peer then fails the collectives at once
+            self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
+            self._log.warning("member_declared_dead", generation=record.generation, slot=member,
+                              incarnation=inc, reason=reason,
+                              silent_s=round(self.observer.silent_for(f"hb/{member}"), 3))
+            return True
+        return False
+
+    def _fence(self, slot: int, incarnation: int, reason: str, term: int) -> None:
+        """Ask the slot's launcher to kill this incarnation (once). The term lets the launcher ignore a
+        fence of a leader deposed before it could see the kill through."""
+        if (slot, incarnation) in self.fenced:
+            return
+        self._store.set(keys.fence(slot), f"{term}:{incarnation}")
+        self.fenced.add((slot, incarnation))
+        self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
+
+    def fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
+        """A process that hung while it was in no running generation (joining, or a hot spare) is judged by
+        no interrupt; fence it too, so its launcher replaces it and its capacity is not lost for good."""
+        members = set(record.members) if record is not None and record.failed is None else set()
+        for slot, fact in facts.items():
+            if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):
+                self._fence(slot, fact.incarnation, "heartbeat_stale", term)
+
+    def hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]], read_at: float) -> set[int]:
+        """Members alive but making no progress for progress_timeout: the culprits only.
+
+        Peers of a stuck rank block in their next collective and go silent too; those
+        that sit in a collective are waiting, not stuck. If every silent member waits, the
+        one furthest behind is the culprit; if they are all level, nobody is fenced (a
+        collective deadlock: the process-group timeout ends it).
+        """
+        if self._progress_timeout is None or math.isinf(self._progress_timeout):
+            return set()
+        silent = []
+        for member, _, fact in members:
+            name = f"progress/{member}"  # one name per slot, the generation in its value: no growth per generation
+            # Observed when it was read, not now: a duty thread paused between reading and judging (a GC) would
+            # otherwise count its own pause as the member's silence (CI: a healthy leader fenced itself as hung).
+            self.observer.observe(name, (generation, fact.progress), at=read_at)
+            if self.observer.is_stale(name, self._progress_timeout):
+                silent.append(fact)
+        culprits = [f for f in silent if not f.waiting]
+        if not culprits and silent:
+            lowest = min(f.progress for f in silent)
+            if any(f.progress != lowest for f in silent):
+                culprits = [f for f in silent if f.progress == lowest]
+        return {f.slot for f in culprits}
