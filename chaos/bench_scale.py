@@ -203,6 +203,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         generation = formed = swarm.everyone_in(0, everyone)
         assert generation is not None
         say(f"  N={n}: formed generation {generation} in {result['form_s']} s")
+        result["record_bytes"] = len(store.get(keys.record(generation)))  # what every member reads per change
         time.sleep(2.0)  # settle: every thread in its steady state
 
         before, _ = swarm.counts()

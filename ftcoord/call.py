@@ -138,6 +138,11 @@ class CallWrapper:
         return (the wrapper then exits with code 75)."""
         return self._participant.store_lost
 
+    @property
+    def store_away(self) -> bool:
+        """The store is away right now (this process is reconnecting; it may come back, or be lost)."""
+        return self._participant.store_away
+
     def check(self) -> None:
         """Raise GenerationInterrupted when interrupted (not inside `atomic()`)."""
         if self._atomic_depth == 0 and self._participant.interrupted:

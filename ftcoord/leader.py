@@ -34,8 +34,7 @@ judgement in it is corrected by the next generation.
 
 At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (one multi_get
 per tick, with its claim and the slot list); a follower reads the leader's claim and counters (and its own
-incarnation, for ftcoord.watchdog) every watch_interval if it is a deputy (one of the two ranks after the
-leader's), four times less often otherwise, and every tick for a heartbeat timeout while it joins. The
+incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies. The
 judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store wait on its
 interrupt (woken at once); an open one's polls the join counter (no key per joiner) and decides as soon
 as everyone it waits for has announced itself; old generations are forgotten the round after a decision.
@@ -66,6 +65,7 @@ from ftcoord.decisions import (
     read_announcements,
     read_record,
 )
+from ftcoord.deputies import Cadence
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.quorum import choose_members
@@ -91,7 +91,6 @@ class LeaderDuty:
     """Background thread: hold or take the leadership, and when leading, do its work."""
 
     KEEP_GENERATIONS = 4
-    DEPUTY_FACTOR = 4
 
     def __init__(
         self,
@@ -123,9 +122,8 @@ class LeaderDuty:
         self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.generation)
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
-        self._urgent_since: float | None = None
         self._slept = 0.0
-        self._deputy = True  # until a record says otherwise
+        self._cadence = Cadence(slot, incarnation, timing)
         self.newest_incarnation = incarnation
         """The newest incarnation of this process's slot that this thread has read (ftcoord.watchdog)."""
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
@@ -145,23 +143,13 @@ class LeaderDuty:
         self._thread.start()
 
     def note_record(self, record: GenerationRecord) -> None:
-        """The generation this process joined: a follower two ranks or less after the leader's is its deputy and
-        watches it every watch_interval; the others every DEPUTY_FACTOR intervals (a silent leader is still
-        replaced within heartbeat_timeout + watch_interval while the job's store load stays flat in its size)."""
-        rank = record.rank_of(self._slot, self._incarnation)
-        leader = record.members.index(record.leader) if record.leader in record.members else 0
-        self._deputy = rank is None or record.world_size <= 3 or (rank - leader) % record.world_size in (1, 2)
+        """The generation this process joined: whether it is one of the leader's deputies (ftcoord.deputies)."""
+        self._cadence.note_record(record)
 
     def hurry(self, urgent: bool) -> None:
-        """While this process joins a generation or waits for the others to finish, a follower watches the leader
-        every tick instead of every watch interval (a leader dead at such a moment is replaced at once), for a
-        heartbeat timeout at most (a hot spare or a forming job may wait long)."""
-        if urgent:
-            self._urgent_since = time.monotonic()
-            if self._deputy:  # a deputy looks at once; the others at their next look (not all at once)
-                self._poke.set()
-        else:
-            self._urgent_since = None
+        """This process waits in a join or a finish (True) or no more (False): look at the leader every tick."""
+        if self._cadence.hurry(urgent):
+            self._poke.set()
 
     def stop(self, release: bool = True) -> None:
         self._stop.set()
@@ -197,6 +185,7 @@ class LeaderDuty:
                     self._rebuilt.clear()
                     self._open.clear()
                     self._holder = None
+                    self._slots = []
                     self._records.clear()
                     self._judge.rebuilt()
                 following = self._claim is None
@@ -214,13 +203,15 @@ class LeaderDuty:
                     if holder is not None and self._claim is None:
                         self._try_acquire(holder, facts)
                     if self._claim is None:
-                        self._sleep(self._follow_interval())
+                        self._sleep(self._cadence.interval())
                 elif holder == self._claim:
                     pausepoints.reached(pausepoints.LEADER_CHECKED)
                     if self._lead_once(read_at, facts):
                         return  # the job ended: nothing left to decide
                 else:
                     self._lose(holder)
+            except StoreRestarted:  # read slots of a lost store instance: read the new one afresh
+                continue
             except Exception as exc:  # store gone or broken: this thread cannot help
                 if self._stop.is_set():
                     return
@@ -232,14 +223,6 @@ class LeaderDuty:
         self._slept = seconds  # not a pause of ours (the pause check allows for it)
         self._poke.wait(seconds)
         self._poke.clear()
-
-    def _follow_interval(self) -> float:
-        """A tick during the first heartbeat timeout of a join (the leader may have died with the generation);
-        else watch_interval for a deputy, DEPUTY_FACTOR of them for anyone else (see note_record)."""
-        hurried = self._urgent_since
-        if hurried is not None and time.monotonic() - hurried < self._timing.heartbeat_timeout:
-            return self._timing.tick
-        return self._timing.watch_interval * (1 if self._deputy else self.DEPUTY_FACTOR)
 
     def _follow(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim | None]:
         """A follower's round: the leader's claim and its holder's counters (and our own incarnation), in one
@@ -254,7 +237,8 @@ class LeaderDuty:
                 self._become(first)
                 return read_at, {}, None
         watched = [holder.slot] if holder.slot is not None else []
-        values, facts = read_facts_and(self._store, watched, [keys.LEADER, keys.incarnation(self._slot)])
+        values, facts = read_facts_and(self._store, watched, [keys.LEADER, keys.incarnation(self._slot)],
+                                       pinned=self._round_instance)
         self.newest_incarnation = int(values[1] or 0)
         claim = LeaderClaim.parse(values[0])
         self._terms_seen = max(self._terms_seen, claim.term)
@@ -270,11 +254,11 @@ class LeaderDuty:
         when a slot registered since the last round). Observed as of when the read was asked: a store that hung
         during the read kept everyone from beating, and its silence is not theirs."""
         read_at = time.monotonic()  # before the read: a dead mark older than this is seen
-        values, facts = read_facts_and(self._store, self._slots, [keys.LEADER, keys.SLOTS])
+        values, facts = read_facts_and(self._store, self._slots, [keys.LEADER, keys.SLOTS], pinned=self._round_instance)
         slots = parse_slots(values[1])
         if slots != self._slots:
             new = [s for s in slots if s not in facts]
-            facts.update(read_facts_and(self._store, new, [])[1])
+            facts.update(read_facts_and(self._store, new, [], pinned=self._round_instance)[1])
             self._slots = slots
         self._judge.observe(facts, read_at)
         if self._slot in facts:

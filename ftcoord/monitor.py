@@ -97,6 +97,7 @@ class InterruptMonitor:
     def request_stop(self) -> None:
         """Ask the whole job to stop (safe to call from a signal handler): the heartbeat thread carries it."""
         self._local_stop.set()
+        self._changed.set()
         self._on_beat()
 
     @property
@@ -123,6 +124,7 @@ class InterruptMonitor:
                 self._log.error("monitor_failed", error=str(exc))
 
     def _round(self) -> None:
+        self.carry_local_stop(self._store)  # the heartbeat thread carries it at once; this is the fallback
         with self._lock:
             generation, fired = self._generation, self._fired.is_set()
         if generation is None or (fired and self._answered == generation):

@@ -134,6 +134,11 @@ class Participant:
         """The store stayed away past store_timeout (the process writes its emergency checkpoint and exits)."""
         return self.link.lost if self.link is not None else None
 
+    @property
+    def store_away(self) -> bool:
+        """The store is away right now (reconnecting, within store_timeout)."""
+        return self.link is not None and (self.link.down or self.link.lost is not None)
+
     def clone_store(self) -> LinkedStore:
         """A new client for this job's keys (one per thread or per long-lived user)."""
         return self._clone()

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
 from ftcoord.store import get_or_none, read_int
+from ftcoord.store_link import pinned_multi_get
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
 ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
@@ -89,11 +90,13 @@ def read_facts(store: dist.Store, slots: list[int]) -> dict[int, SlotFacts]:
     return read_facts_and(store, slots, [])[1]
 
 
-def read_facts_and(store: dist.Store, slots: list[int], also: list[str]) -> tuple[list[bytes], dict[int, SlotFacts]]:
-    """The values of the keys `also` (each must exist) and every slot's facts, in one round trip."""
+def read_facts_and(store: dist.Store, slots: list[int], also: list[str],
+                   pinned: int | None = None) -> tuple[list[bytes], dict[int, SlotFacts]]:
+    """The values of the keys `also` (each must exist) and every slot's facts, in one request; `pinned`: the store
+    instance the slots were read from (StoreRestarted rather than a wait for slots a restarted store lacks)."""
     if not slots and not also:
         return [], {}
-    values = store.multi_get(also + [key(slot) for slot in slots for key in FACT_KEYS])
+    values = pinned_multi_get(store, pinned, also + [key(slot) for slot in slots for key in FACT_KEYS])
     extra, values = values[: len(also)], values[len(also):]
     width = len(FACT_KEYS)
     facts = {}

@@ -502,8 +502,8 @@ class LinkedStore:
             self.requests[(thread_role(), "cancel_wait")] += 1  # TCPStore cancels a timed-out wait with a request
             raise
 
-    def multi_get(self, names: Sequence[str]) -> list[bytes]:
-        return self._call("multi_get", lambda s: s.multi_get(list(names)))
+    def multi_get(self, names: Sequence[str], *, pinned: int | None = None) -> list[bytes]:
+        return self._call("multi_get", lambda s: s.multi_get(list(names)), pinned=pinned)
 
     def append(self, key: str, value: str | bytes) -> None:
         self._call("append", lambda s: s.append(key, value))
@@ -531,6 +531,14 @@ def pinned_compare_set(store: Any, pinned: int | None, key: str, expected: str, 
     if isinstance(store, LinkedStore):
         return store.compare_set(key, expected, desired, pinned=pinned)
     return store.compare_set(key, expected, desired)
+
+
+def pinned_multi_get(store: Any, pinned: int | None, names: list[str]) -> list[bytes]:
+    """multi_get of keys that exist in one store instance (a slot's, registered there): in a restarted store they
+    may never come back (a dead slot), and a plain retry would wait for them forever; StoreRestarted instead."""
+    if isinstance(store, LinkedStore):
+        return store.multi_get(names, pinned=pinned)
+    return store.multi_get(names)
 
 
 def instance_number(store: Any) -> int:

@@ -110,6 +110,11 @@ class Trainer:
                 # A peer stopped first and its group went down under our step: that step changed nothing, and
                 # this rank's last committed step is still the newest anyone has.
                 return self._stop(call)
+            if call.store_away and isinstance(exc, Exception) and self.checkpoint is not None and rank == 0:
+                # The step failed while the store is away (a peer gave up on it first, or died): rejoining waits
+                # for the store, which may never come back; what this rank committed is saved first.
+                self._save(call, world)
+                self.checkpoint.flush()
             raise
         self.ledger.write("final", generation=call.iteration, rank=rank, world_size=world, step=state.step,
                           digest=state.digest())

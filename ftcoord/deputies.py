@@ -1,0 +1,50 @@
+"""How often a process that does not lead looks at the leader: its deputies often, everyone else rarely.
+
+A hung leader (alive, silent) is noticed only by someone reading its heartbeat. Every follower reading it
+every tick cost the store ~8 requests per process per second; now the two ranks after the leader's in the
+current generation (its deputies) read it every `Timing.watch_interval`, the others DEPUTY_FACTOR times less
+often, so a silent leader is still replaced within heartbeat_timeout + watch_interval (and within
+heartbeat_timeout + DEPUTY_FACTOR intervals if its deputies died with it). While a process joins a generation
+(the leader may have died with the last one, with evidence to see) it looks every tick, for a heartbeat
+timeout at most: a hot spare, or a job that forms slowly, may wait long.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ftcoord.config import Timing
+from ftcoord.record import GenerationRecord
+
+DEPUTY_FACTOR = 4
+
+
+class Cadence:
+    """One follower's schedule for reading the leader's claim and heartbeat."""
+
+    def __init__(self, slot: int, incarnation: int, timing: Timing) -> None:
+        self._slot = slot
+        self._incarnation = incarnation
+        self._timing = timing
+        self.deputy = True  # until a record says otherwise
+        self._urgent_since: float | None = None
+
+    def note_record(self, record: GenerationRecord) -> None:
+        """The generation this process joined: a deputy is one of the two ranks after the leader's (everyone in a
+        generation of three or fewer, and a process outside it)."""
+        rank = record.rank_of(self._slot, self._incarnation)
+        leader = record.members.index(record.leader) if record.leader in record.members else 0
+        self.deputy = rank is None or record.world_size <= 3 or (rank - leader) % record.world_size in (1, 2)
+
+    def hurry(self, urgent: bool) -> bool:
+        """This process starts (True) or stops (False) waiting in a join or a finish; True when it should look at
+        the leader at once (a deputy: the others look at their next turn, not all at the same moment)."""
+        self._urgent_since = time.monotonic() if urgent else None
+        return urgent and self.deputy
+
+    def interval(self) -> float:
+        """Seconds until the next look."""
+        hurried = self._urgent_since
+        if hurried is not None and time.monotonic() - hurried < self._timing.heartbeat_timeout:
+            return self._timing.tick
+        return self._timing.watch_interval * (1 if self.deputy else DEPUTY_FACTOR)
