@@ -72,11 +72,15 @@ class Swarm:
         self.workers: list[Worker] = []
         command = [sys.executable, "-m", "chaos.scale_worker", "--store", address, "--job", job, "--target", str(n),
                    "--step-s", str(step_s)]
-        # The last two slots each get a process of their own, started last (so neither leads): the kills' victims.
-        bulk = [(first, min(PER_PROCESS, n - 2 - first)) for first in range(0, n - 2, PER_PROCESS)]
+        # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
+        # sharing an interpreter with dozens of simulated participants). The last two slots each get a process
+        # of their own too, started last (so neither leads): the kills' victims.
+        self._spawn(command, 0, 1, log)
+        self.wait_for(lambda: self.started == 1, 60, "the first participant to start")
+        bulk = [(first, min(PER_PROCESS, n - 2 - first)) for first in range(1, n - 2, PER_PROCESS)]
         for first, count in bulk:
             self._spawn(command, first, count, log)
-        self.wait_for(lambda: self.started == len(bulk), 60 + n / 4, f"{n - 2} participants to start")
+        self.wait_for(lambda: self.started == 1 + len(bulk), 60 + n / 4, f"{n - 2} participants to start")
         for first in (n - 2, n - 1):
             self._spawn(command, first, 1, log)
 
