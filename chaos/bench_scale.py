@@ -46,6 +46,8 @@ from ftcoord.store_link import StoreLink
 
 HOST = "127.0.0.1"
 DEFAULT_SIZES = (64, 256, 1024, 4096)
+WORKER_RSS_MB = 600  # a worker process's memory until one was measured (torch's import, ~0.5 GB, dominates)
+STORE_AND_DRIVER_MB = 1536
 PER_PROCESS = 64  # simulated participants per worker process (hundreds of threads each: more would starve)
 
 
@@ -74,7 +76,9 @@ class Swarm:
                    "--step-s", str(step_s)]
         # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
         # sharing an interpreter with dozens of simulated participants). The last two slots each get a process
-        # of their own too, started last (so neither leads): the kills' victims.
+        # of their own too, started last (so neither leads): the kills' victims. (Running the bulk at a lower CPU
+        # priority, to give the leader and the store the share other hosts would, was tried: the leader decided
+        # sooner, but starved participants straggled for seconds in every re-form.)
         self._spawn(command, 0, 1, log)
         self.wait_for(lambda: self.started == 1, 60, "the first participant to start")
         bulk = [(first, min(PER_PROCESS, n - 2 - first)) for first in range(1, n - 2, PER_PROCESS)]
@@ -208,6 +212,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         assert generation is not None
         say(f"  N={n}: formed generation {generation} in {result['form_s']} s")
         result["record_bytes"] = len(store.get(keys.record(generation)))  # what every member reads per change
+        result["worker_rss_mb"] = max(_rss_mb(w.process.pid) for w in swarm.workers)
         time.sleep(2.0)  # settle: every thread in its steady state
 
         before, _ = swarm.counts()
@@ -228,9 +233,12 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         say(f"  N={n}: {result['ops_per_participant_s']['total']} store requests per participant per s "
             f"(budget {result['ops_budget']})")
 
-        _, cpu_before = swarm.counts()
-        advances, medians, phases = [], [], []
+        steady = after - before  # requests over the steady-state window (elapsed)
+        counts_before, cpu_before = swarm.counts()
+        loop_t0 = time.monotonic()
+        advances, medians, phases, busy = [], [], [], []
         for _ in range(repetitions):
+            store_cpu0, workers_cpu0 = _cpu_s(pid), swarm.cpu_s()
             t0 = time.monotonic()
             store.compare_set(keys.interrupt(generation), "", "bench:advance")
             announced, decided = _watch_decision(store, generation + 1, n, 60 + n / 16)
@@ -242,8 +250,21 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
             advances.append(max(times))
             medians.append(statistics.median(times))
             phases.append((announced - t0, decided - announced, max(times) - (decided - t0)))
+            # How busy the machine was meanwhile (the CPU read after the last participant held the record).
+            took = time.monotonic() - t0
+            busy.append(((_cpu_s(pid) - store_cpu0) / took, (swarm.cpu_s() - workers_cpu0) / took))
             time.sleep(0.5)
-        _, cpu_after = swarm.counts()
+        counts_after, cpu_after = swarm.counts()
+        # What an advance costs beyond the steady state: requests per participant by thread/op, and CPU.
+        loop_s = time.monotonic() - loop_t0
+        extra = {name: (counts_after[name] - counts_before[name] - steady[name] * loop_s / elapsed) / repetitions / n
+                 for name in counts_after}
+        result["requests_per_advance"] = {k: round(v, 2) for k, v in sorted(extra.items()) if round(v, 2) > 0}
+        # The store is one thread: a share near 1 means it, not the participants, set the pace. The participants'
+        # share is out of this machine's cores (on a real job each rank has a host's).
+        result["cores_busy_during_advance"] = {"store": round(statistics.median(b[0] for b in busy), 3),
+                                               "participants": round(statistics.median(b[1] for b in busy), 3),
+                                               "of": os.cpu_count()}
         result["advance_s"] = summary(advances)
         result["advance_median_participant_s"] = summary(medians)
         # Where an advance's time goes: every participant announced itself (their rejoin: in this simulation,
@@ -332,12 +353,48 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
             for old in [g for g in swarm.joined if g < generation - 2]:
                 del swarm.joined[old]
         if i in marks:
-            samples.append({"advances": i, "store_rss_mb": _rss_mb(pid), "store_keys": store.num_keys()})
+            keys_now = _settled_key_count(store)
+            samples.append({"advances": i, "store_rss_mb": _rss_mb(pid), "store_keys": keys_now})
             say(f"    after {i} advances: {samples[-1]}")
     settled = next((x for x in samples if x["advances"] >= 100), samples[0])
     return {"samples": samples, "from_advances": settled["advances"],
             "rss_growth_mb": round(samples[-1]["store_rss_mb"] - settled["store_rss_mb"], 1),
             "keys_growth": samples[-1]["store_keys"] - settled["store_keys"]}
+
+
+def _settled_key_count(store: Any, within_s: float = 5.0) -> int:
+    """The store's key count once it stopped changing: a generation's members write their rendezvous keys just
+    after they joined and the leader forgets an old generation a round later, so a count taken at once depends on
+    the moment (up to one generation's keys: N + a few)."""
+    deadline = time.monotonic() + within_s
+    seen = [store.num_keys()]
+    while time.monotonic() < deadline and not (len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]):
+        time.sleep(0.1)
+        seen.append(store.num_keys())
+    return seen[-1]
+
+
+def worker_processes(n: int) -> int:
+    """How many processes simulate `n` participants: the leader's, the bulk's (PER_PROCESS each), two victims'."""
+    return 3 + math.ceil((n - 3) / PER_PROCESS)
+
+
+def does_not_fit(n: int, worker_rss_mb: float, available_mb: float) -> str | None:
+    """Why `n` participants cannot be simulated in `available_mb` of memory (None when they can): each worker
+    process holds torch's import (~0.5 GB) whatever its participants, so the need grows with the process count."""
+    need = worker_processes(n) * worker_rss_mb + STORE_AND_DRIVER_MB
+    if need <= 0.9 * available_mb:
+        return None
+    return (f"{n} participants need ~{need / 1024:.1f} GiB ({worker_processes(n)} worker processes x "
+            f"{worker_rss_mb:.0f} MB, plus the store) but {available_mb / 1024:.1f} GiB is available: run this size "
+            f"on a machine with more memory, or leave it out of --sizes")
+
+
+def _available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return math.inf
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -358,9 +415,16 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
     repetitions = 3 if quick else 5
     if generations is None:
         generations = 100 if quick else 1000
-    results = []
+    results: list[dict[str, Any]] = []
     with (out / "workers.log").open("w") as log:
         for n in sizes:
+            measured = [r["worker_rss_mb"] for r in results if "worker_rss_mb" in r]
+            reason = does_not_fit(n, max(measured, default=WORKER_RSS_MB), _available_mb())
+            if reason is not None:  # a measure that could not be made: said, and counted as a miss
+                print(f"N={n}: not measured: {reason}", flush=True)
+                results.append({"participants": n, "not_measured": reason})
+                (out / "scale.json").write_text(json.dumps({"machine": _machine(), "sizes": results}, indent=1))
+                continue
             print(f"N={n}: starting {n} simulated participants", flush=True)
             # The store's memory over many generations is measured at the smallest size (the advances are fast).
             results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,
@@ -385,6 +449,9 @@ def targets_missed(results: list[dict[str, Any]]) -> list[str]:
     timing = Timing()
     for r in results:
         n = r["participants"]
+        if "not_measured" in r:
+            missed.append(f"N={n}: not measured: {r['not_measured']}")
+            continue
         limit = 0.25 if n <= 1024 else 1.0
         if r["advance_s"]["median"] > limit:
             missed.append(f"N={n}: advance {r['advance_s']['median']} s > {limit} s")
@@ -410,12 +477,16 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
             "leader CPU per advance | store RSS | store keys |\n|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in results:
+        if "not_measured" in r:
+            lines.append(f"| {r['participants']} | not measured: {r['not_measured']} |" + " |" * 7)
+            continue
         a, m = r["advance_s"], r["advance_median_participant_s"]
         lines.append(
             f"| {r['participants']} | {a['median'] * 1000:.0f} ms ({a['min'] * 1000:.0f}-{a['max'] * 1000:.0f}) "
             f"| {m['median'] * 1000:.0f} ms | {r['reform_marked_s'] * 1000:.0f} ms | {r['detect_silent_s']} s / "
             f"{r['reform_silent_s']} s | {r['ops_per_participant_s']['total']} (budget {r['ops_budget']}) | "
             f"{r.get('leader_cpu_per_advance_s', 'n/a')} s | {r['store_rss_mb']} MB | {r['store_keys']} |")
+    results = [r for r in results if "not_measured" not in r]
     memory = [f"- N={r['participants']}: {s['advances']} advances: store RSS {s['store_rss_mb']} MB, "
               f"{s['store_keys']} keys" for r in results if r.get("memory") for s in r["memory"]["samples"]]
     roles = [f"- N={r['participants']}: " + ", ".join(f"{k} {v}" for k, v in r["ops_per_participant_s"].items())
@@ -423,7 +494,13 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
     phases = [f"- N={r['participants']}: every participant announced {_ms(r, 'all_announced')}, the leader decided "
               f"{_ms(r, 'decided_after')} later, every participant held the record {_ms(r, 'delivered_after')} "
               f"after that; at steady state the simulated participants used {r.get('participants_cpu_share')} "
-              f"and the store {r['store_cpu_share']} of a core" for r in results]
+              f"and the store {r['store_cpu_share']} of a core; during an advance the store was busy "
+              f"{r['cores_busy_during_advance']['store']} of its one core and the participants "
+              f"{r['cores_busy_during_advance']['participants']} of the machine's "
+              f"{r['cores_busy_during_advance']['of']}; an advance cost each participant "
+              f"{sum(r['requests_per_advance'].values()):.1f} store requests ("
+              + ", ".join(f"{k} {v}" for k, v in r["requests_per_advance"].items()) + ")"
+              for r in results]
     verdict = "every target met" if not misses else "missed: " + "; ".join(misses)
     return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n" + head + "\n".join(lines)
             + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases)
@@ -442,6 +519,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = [r for r in results if "not_measured" not in r]
     sizes = [r["participants"] for r in results]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(sizes, [r["advance_s"]["median"] * 1000 for r in results], "o-", label="advance, slowest participant")
