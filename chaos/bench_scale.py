@@ -17,7 +17,14 @@ few processes on this machine, so the network is loopback and every participant'
 - `ops_per_participant_s`: store requests per participant per second at steady state (all threads of all
   participants, the leader included; a timed-out wait counts twice), by thread role;
 - `leader_cpu_per_advance_s`: the leader duty thread's CPU over the advances, per advance;
-- store memory (RSS) and key count, after formation and after `--generations` back-to-back advances.
+- `requests_per_advance`: what an advance costs each participant beyond the steady state, by thread/op, and
+  `cores_busy_during_advance`: the store's share of its one core and the participants' of this machine's
+  cores meanwhile (which of them set the pace);
+- store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
+  once settled).
+
+A size whose worker processes would not fit in the memory available is not started: it is reported as not
+measured, with what it would need, and counted as a missed target.
 """
 
 from __future__ import annotations

@@ -4,15 +4,7 @@ Every process runs a LeaderDuty thread; at most one holds the `leader` key at a 
 Holding it is only an optimisation of who proposes: safety comes from the record being
 written once with compare_set, so a deposed leader that wakes up cannot fork a generation.
 
-When to decide generation g+1 (recovery at the speed of evidence, not of timeouts):
-- at once when every live slot has joined (a starting job: every worker; spares only at last call);
-- a slot is dead without waiting when there is evidence: its launcher's dead mark, or a connection
-  that closed under the generation's collectives while it neither rejoined, announced leaving nor
-  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence);
-  silence for heartbeat_timeout is the last resort;
-- a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
-  (one generation change, the world size kept, however slow a cold start); a process that is alive
-  but slow to join, up to join_timeout after the last arrival; then a partial quorum.
+When to decide generation g+1 (at the speed of evidence, not of timeouts) is ftcoord.readiness.
 A leader whose own death has such evidence is replaced at once for the same reasons.
 
 Safety under pauses (a leader may stop at any instruction for any time and wake up; reproduced by
@@ -50,7 +42,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -69,20 +60,11 @@ from ftcoord.deputies import Cadence
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.quorum import choose_members
+from ftcoord.readiness import OpenClock, readiness
 from ftcoord.record import GenerationRecord
-from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts, parse_slots, read_facts_and
+from ftcoord.slots import SlotFacts, parse_slots, read_facts_and
 from ftcoord.store import get_or_none, read_int, wait_once
 from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
-
-
-@dataclass
-class _OpenGeneration:
-    """The leader's own clock on a generation that may be decided."""
-
-    first_seen: float
-    last_change: float
-    joiners_seen: int = -1
-
 
 _JOIN_POLL_S = 0.005  # how often the leader reads the join counter while a generation is open
 
@@ -110,7 +92,7 @@ class LeaderDuty:
         self._claim: LeaderClaim | None = None
         self._holder: LeaderClaim | None = None  # as a follower: the claim last read
         self._slots: list[int] = []  # as the leader: the registered slots last read
-        self._open: dict[int, _OpenGeneration] = {}
+        self._open: dict[int, OpenClock] = {}
         self._closed_in: GenerationRecord | None = None
         self._round_instance = 0  # the store instance this round's observations come from
         self._rebuilt = threading.Event()  # the store restarted: forget what was fenced and asked there
@@ -376,37 +358,11 @@ class LeaderDuty:
         live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
                 and self._judge.alive(facts[j.slot])]
         now = time.monotonic()
-        clock = self._open.setdefault(generation, _OpenGeneration(now, now))
-        if len(live) != clock.joiners_seen:
-            clock.joiners_seen, clock.last_change = len(live), now
-
-        joined_slots = {j.slot for j in live}
-        self._expecting = announced + 1  # woken by the next announcement...
-        # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
-        gone = self._judge.gone_by_evidence(previous, joined_slots)
-        expected = {s for s, f in facts.items() if self._judge.alive(f) and s not in gone}
-        on_its_way: set[int] = set()
-        if len(live) < self._policy.target_world_size:
-            # Below target: wait for replacements a launcher is starting, rather than shrink now
-            # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
-            on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
-                          and not self._judge.observer.is_stale(f"replacing/{s}")}
-            expected |= on_its_way
-        # A job starting (or restarting as a whole: no member of the last generation is
-        # alive) waits for its target size of workers (a spare is seated only at last call, when
-        # a worker is still missing); a running job re-forms with whoever is alive.
-        workers = sum(1 for j in live if j.slot < SPARE_SLOT_BASE)
-        everyone = expected <= joined_slots and (running or workers >= self._policy.target_world_size)
-        # Last call: join_timeout after the last arrival for processes that are alive but slow to
-        # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
-        # node) is waited for up to barrier_timeout.
-        missing = expected - joined_slots
-        self._expecting = announced + max(1, len(missing))  # ...or, when some are missing, once all came
-        if missing and missing <= on_its_way:
-            last_call = now - clock.first_seen >= self._timing.barrier_timeout
-        else:
-            last_call = now - clock.last_change >= self._timing.join_timeout
-        if not (everyone or last_call):
+        clock = self._open.setdefault(generation, OpenClock(now, now))
+        ready = readiness(live, announced, facts, clock, now, self._judge, previous, running, self._policy,
+                          self._timing)
+        self._expecting = ready.expecting
+        if not ready.decide:
             return False
         decision = choose_members(live, self._policy)
         if decision is None:
@@ -433,7 +389,7 @@ class LeaderDuty:
             liveness_read_at=read_at,
             steps=tuple(j.step for j in members),
         )
-        return self._write(record, current, partial=not everyone)
+        return self._write(record, current, partial=not ready.everyone)
 
     def _failed_record(self, generation: int, reason: str, read_at: float) -> GenerationRecord:
         return GenerationRecord(

@@ -25,6 +25,10 @@ def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -
     assert report["detect_silent_s"] is not None, "the silent kill was never detected"
     assert 0 < report["ops_per_participant_s"]["total"] <= report["ops_budget"], report["ops_per_participant_s"]
     assert report["memory"]["keys_growth"] <= 0, report["memory"]
+    # An advance's cost: each participant's announcement (append) and record wait are in it, and CPU was used.
+    assert report["requests_per_advance"]["trainer/append"] >= 0.9, report["requests_per_advance"]
+    assert 0 < report["cores_busy_during_advance"]["store"] <= 1.2, report["cores_busy_during_advance"]
+    assert report["cores_busy_during_advance"]["participants"] > 0, report["cores_busy_during_advance"]
 
 
 def test_the_scale_bench_refuses_bad_sizes_with_a_clear_error() -> None:

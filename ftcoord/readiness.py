@@ -1,0 +1,78 @@
+"""When the leader may decide an open generation: who it waits for, and for how long.
+
+Recovery at the speed of evidence, not of timeouts:
+- at once when every live slot has joined (a starting job: every worker; spares only at last call);
+- a slot is dead without waiting when there is evidence: its launcher's dead mark, or a connection
+  that closed under the generation's collectives while it neither rejoined, announced leaving nor
+  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence);
+  silence for heartbeat_timeout is the last resort;
+- a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
+  (one generation change, the world size kept, however slow a cold start); a process that is alive
+  but slow to join, up to join_timeout after the last arrival; then a partial quorum.
+
+The rule reads nothing from the store: the leader (ftcoord.leader) brings what it observed this round and
+the generation's announcements, and keeps one OpenClock per open generation across its rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.judgement import Judge
+from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts
+
+
+@dataclass
+class OpenClock:
+    """The leader's own clock on a generation that may be decided."""
+
+    first_seen: float
+    last_change: float
+    joiners_seen: int = -1
+
+
+@dataclass(frozen=True)
+class Readiness:
+    decide: bool
+    """Decide now: everyone awaited joined, or it is the last call."""
+    everyone: bool
+    """Everyone awaited joined (otherwise a decision now is a partial quorum)."""
+    expecting: int
+    """How many announcements to poll the join counter for before judging again: the next one, or, when some
+    are missing, all of theirs."""
+
+
+def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFacts], clock: OpenClock, now: float,
+              judge: Judge, previous: GenerationRecord | None, running: bool, policy: QuorumPolicy,
+              timing: Timing) -> Readiness:
+    """Whether to decide now, given the live joiners (announcements whose incarnation is alive) and `announced`
+    (how many announcements were made); `running`: a member of the previous generation is alive."""
+    if len(live) != clock.joiners_seen:
+        clock.joiners_seen, clock.last_change = len(live), now
+    joined_slots = {j.slot for j in live}
+    # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
+    gone = judge.gone_by_evidence(previous, joined_slots)
+    expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone}
+    on_its_way: set[int] = set()
+    if len(live) < policy.target_world_size:
+        # Below target: wait for replacements a launcher is starting, rather than shrink now
+        # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
+        on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
+                      and not judge.observer.is_stale(f"replacing/{s}")}
+        expected |= on_its_way
+    # A job starting (or restarting as a whole: no member of the last generation is
+    # alive) waits for its target size of workers (a spare is seated only at last call, when
+    # a worker is still missing); a running job re-forms with whoever is alive.
+    workers = sum(1 for j in live if j.slot < SPARE_SLOT_BASE)
+    everyone = expected <= joined_slots and (running or workers >= policy.target_world_size)
+    # Last call: join_timeout after the last arrival for processes that are alive but slow to
+    # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
+    # node) is waited for up to barrier_timeout.
+    missing = expected - joined_slots
+    if missing and missing <= on_its_way:
+        last_call = now - clock.first_seen >= timing.barrier_timeout
+    else:
+        last_call = now - clock.last_change >= timing.join_timeout
+    return Readiness(decide=everyone or last_call, everyone=everyone, expecting=announced + max(1, len(missing)))
