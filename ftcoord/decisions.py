@@ -89,10 +89,9 @@ def read_announcements(store: dist.Store, generation: int) -> tuple[list[JoinReq
     newest: dict[int, JoinRequest] = {}
     lines = [line for line in (raw or b"").decode().splitlines() if line]
     for line in lines:
-        if line:
-            join = JoinRequest.from_json(line)
-            if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
-                newest[join.slot] = join
+        join = JoinRequest.from_json(line)
+        if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
+            newest[join.slot] = join
     return list(newest.values()), len(lines)
 
 

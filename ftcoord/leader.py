@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch.distributed as dist
 
@@ -128,10 +130,15 @@ class LeaderDuty:
         """The generation this process joined: whether it is one of the leader's deputies (ftcoord.deputies)."""
         self._cadence.note_record(record)
 
-    def hurry(self, urgent: bool) -> None:
-        """This process waits in a join or a finish (True) or no more (False): look at the leader every tick."""
-        if self._cadence.hurry(urgent):
+    @contextmanager
+    def hurried(self) -> Iterator[None]:
+        """While this process waits in a join or a finish: look at the leader every tick (ftcoord.deputies)."""
+        if self._cadence.hurry(True):
             self._poke.set()
+        try:
+            yield
+        finally:
+            self._cadence.hurry(False)
 
     def stop(self, release: bool = True) -> None:
         self._stop.set()

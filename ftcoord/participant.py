@@ -146,11 +146,8 @@ class Participant:
     def join(self, step: int = -1) -> GenerationRecord:
         """Join the next generation that includes this process (see GenerationClient.join)."""
         rejoining = self.record if self.monitor.fired and self.monitor.reason not in (None, "superseded") else None
-        self.leader.hurry(True)
-        try:
+        with self.leader.hurried():
             record = self.generations.join(step, after=rejoining)
-        finally:
-            self.leader.hurry(False)
         self.record = record
         self.leader.note_record(record)
         self.monitor.watch(record.generation)
@@ -182,11 +179,8 @@ class Participant:
     def finish(self) -> bool:
         """The function returned; True when every member did (the job is done or stopped)."""
         assert self.record is not None, "finish() before join()"
-        self.leader.hurry(True)
-        try:
+        with self.leader.hurried():
             return self.generations.finish(self.record, stopping=self.should_stop)
-        finally:
-            self.leader.hurry(False)
 
     def close(self, leaving: bool = True) -> None:
         """Stop the threads, hand leadership over and say this incarnation left on purpose."""

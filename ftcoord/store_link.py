@@ -446,13 +446,17 @@ class LinkedStore:
 
         return self._call("check", alive)
 
-    def _call(self, name: str, op: Callable[[dist.Store], T], wait_s: float = 0.0, pinned: int | None = None) -> T:
-        link = self.link
+    def _role(self) -> str:
+        """The calling thread's role, for the counts (looked up once per thread)."""
         thread = threading.get_ident()
         role = self._roles.get(thread)
         if role is None:
             role = self._roles[thread] = thread_role()
-        self.requests[(role, name)] += _REQUESTS.get(name, 1)
+        return role
+
+    def _call(self, name: str, op: Callable[[dist.Store], T], wait_s: float = 0.0, pinned: int | None = None) -> T:
+        link = self.link
+        self.requests[(self._role(), name)] += _REQUESTS.get(name, 1)
         while True:
             if self._closed:
                 raise ClientClosed(f"this client of the store at {link.address} was closed")
@@ -499,7 +503,7 @@ class LinkedStore:
             else:
                 self._call("wait", lambda s: s.wait(list(names), timeout), wait_s=seconds)
         except dist.DistStoreError:
-            self.requests[(thread_role(), "cancel_wait")] += 1  # TCPStore cancels a timed-out wait with a request
+            self.requests[(self._role(), "cancel_wait")] += 1  # TCPStore cancels a timed-out wait with a request
             raise
 
     def multi_get(self, names: Sequence[str], *, pinned: int | None = None) -> list[bytes]:

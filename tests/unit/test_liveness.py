@@ -14,6 +14,7 @@ from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.participant import Participant
+from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
 
@@ -157,18 +158,11 @@ def test_a_decision_releases_the_monitors_of_the_generation_before(store_server:
     timing = Timing(heartbeat_interval=0.5, heartbeat_timeout=15.0, join_timeout=0.5, barrier_timeout=30.0)
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), timing).start() for slot in range(2)]
     try:
-        def join_all() -> None:
-            threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in parts]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(10)
-
-        join_all()
+        join_together(*parts)
         assert parts[0].generation == parts[1].generation == 1
         parts[0].interrupt("test")
         wait_until(lambda: all(p.interrupted for p in parts), 5.0, "generation 1 interrupted")
-        join_all()
+        join_together(*parts)
         assert parts[0].generation == parts[1].generation == 2
         asked = time.monotonic()
         parts[1].interrupt("test again")

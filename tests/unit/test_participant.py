@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing
+from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
 FAST = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.5, barrier_timeout=10.0)
@@ -74,11 +75,7 @@ def test_a_replacement_started_during_a_stop_stops_too(store_server: StoreServer
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST, on_helper_failure=ended.append)
              .start() for slot in range(2)]
     try:
-        threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in parts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10)
+        join_together(*parts)
         parts[0].monitor.request_stop()  # SIGTERM to one rank: the whole job stops at the next boundary
         wait_until(lambda: parts[1].should_stop, 5, "the stop to reach the other rank")
         # Slot 1 dies before the job has stopped; its replacement starts now and must stop as well.

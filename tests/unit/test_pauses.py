@@ -15,6 +15,7 @@ from ftcoord.errors import Superseded
 from ftcoord.leader import LeaderDuty
 from ftcoord.slots import SlotFacts
 from ftcoord.store import get_or_none
+from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,15 +42,6 @@ def start(started: list[Participant], address: str, job_id: str, slot: int, poli
     p.ended = ended  # type: ignore[attr-defined]
     started.append(p)
     return p
-
-
-def join_together(*members: Participant) -> None:
-    """Every one joins the next generation at once (each in a thread, as separate processes would)."""
-    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in members]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
 
 
 def current(p: Participant) -> int:

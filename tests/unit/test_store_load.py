@@ -18,6 +18,7 @@ from ftcoord.decisions import TOMBSTONE_SPAN, forget
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
 from ftcoord.store_link import StoreLink
+from tests.helpers.joining import join_together
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,11 +36,7 @@ def test_a_participant_at_steady_state_sends_at_most_two_requests_per_heartbeat_
     timing = Timing()
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(6), timing).start() for slot in range(6)]
     try:
-        threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in parts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        join_together(*parts, timeout=30)
         assert all(p.generation == 1 for p in parts)
 
         def train() -> None:  # progress, as a training loop makes it (a local increment)
