@@ -23,14 +23,14 @@ few processes on this machine, so the network is loopback and every participant'
 - store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
   once settled).
 
-A size whose worker processes would not fit in the memory available is not started: it is reported as not
-measured, with what it would need, and counted as a missed target.
+How the participants are laid out in processes, and a size that would not fit in this machine's memory or
+thread limits (not started: reported as not measured, with what it would need, and counted as a missed
+target): chaos.scale_layout.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import signal
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from chaos.bench_recovery import summary
+from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMemory, per_process, status_mb
 from ftcoord import keys
 from ftcoord.config import Timing
 from ftcoord.heartbeat import mark_dead
@@ -53,9 +54,6 @@ from ftcoord.store_link import StoreLink
 
 HOST = "127.0.0.1"
 DEFAULT_SIZES = (64, 256, 1024, 4096)
-WORKER_RSS_MB = 600  # a worker process's memory until one was measured (torch's import, ~0.5 GB, dominates)
-STORE_AND_DRIVER_MB = 1536
-PER_PROCESS = 64  # simulated participants per worker process (hundreds of threads each: more would starve)
 
 
 @dataclass
@@ -69,7 +67,7 @@ class Worker:
 class Swarm:
     """The worker processes of one size, and what they say."""
 
-    def __init__(self, address: str, job: str, n: int, log: TextIO, step_s: float) -> None:
+    def __init__(self, address: str, job: str, n: int, log: TextIO, step_s: float, per_process: int) -> None:
         self.n = n
         self.joined: dict[int, dict[int, float]] = defaultdict(dict)  # generation -> slot -> when
         self.worlds: dict[int, int] = {}
@@ -79,6 +77,7 @@ class Swarm:
         self._counts: queue.Queue[dict[str, Any]] = queue.Queue()
         self.started = 0
         self.workers: list[Worker] = []
+        self.killed: set[int] = set()  # slots this driver SIGKILLed
         command = [sys.executable, "-m", "chaos.scale_worker", "--store", address, "--job", job, "--target", str(n),
                    "--step-s", str(step_s)]
         # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
@@ -86,14 +85,18 @@ class Swarm:
         # of their own too, started last (so neither leads): the kills' victims. (Running the bulk at a lower CPU
         # priority, to give the leader and the store the share other hosts would, was tried: the leader decided
         # sooner, but starved participants straggled for seconds in every re-form.)
-        self._spawn(command, 0, 1, log)
-        self.wait_for(lambda: self.started == 1, 60, "the first participant to start")
-        bulk = [(first, min(PER_PROCESS, n - 2 - first)) for first in range(1, n - 2, PER_PROCESS)]
-        for first, count in bulk:
-            self._spawn(command, first, count, log)
-        self.wait_for(lambda: self.started == 1 + len(bulk), 60 + n / 4, f"{n - 2} participants to start")
-        for first in (n - 2, n - 1):
-            self._spawn(command, first, 1, log)
+        try:
+            self._spawn(command, 0, 1, log)
+            self.wait_for(lambda: self.started == 1, 60, "the first participant to start")
+            bulk = [(first, min(per_process, n - 2 - first)) for first in range(1, n - 2, per_process)]
+            for first, count in bulk:
+                self._spawn(command, first, count, log)
+            self.wait_for(lambda: self.started == 1 + len(bulk), 60 + n / 4, f"{n - 2} participants to start")
+            for first in (n - 2, n - 1):
+                self._spawn(command, first, 1, log)
+        except BaseException:
+            self.close()  # no worker outlives a swarm that could not start
+            raise
 
     def _spawn(self, command: list[str], first: int, count: int, log: TextIO) -> None:
         process = subprocess.Popen(command + ["--first", str(first), "--count", str(count)], stdin=subprocess.PIPE,
@@ -128,6 +131,11 @@ class Swarm:
             with self._lock:
                 if condition():
                     return
+            died = [w for w in self.workers if w.process.poll() is not None and w.first not in self.killed]
+            if died:  # never waited out: a worker that died takes its participants with it
+                raise RuntimeError(f"{what}: the worker process of slots {died[0].first}-"
+                                   f"{died[0].first + died[0].count - 1} exited with {died[0].process.returncode} "
+                                   f"({len(died)} worker(s) in all); its error is in workers.log")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not within {timeout:.0f}s ({len(self.problems)} problems: "
                                    f"{self.problems[:3]})")
@@ -166,8 +174,14 @@ class Swarm:
                 pass
         return total
 
+    def memory(self) -> WorkerMemory:
+        """What these workers cost this machine's memory (the leader's process simulates one participant)."""
+        return WorkerMemory.measured(self.workers[0].process.pid,
+                                     [(w.process.pid, w.count) for w in self.workers if w.count > 1])
+
     def kill(self, slot: int) -> None:
         worker = next(w for w in self.workers if w.first == slot and w.count == 1)
+        self.killed.add(slot)
         worker.process.send_signal(signal.SIGKILL)
         worker.process.wait()
 
@@ -187,19 +201,12 @@ class Swarm:
                 worker.process.wait()
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return math.nan
-
-
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_size(n: int, *, repetitions: int, generations: int, window_s: float, step_s: float,
+def run_size(n: int, *, repetitions: int, generations: int, window_s: float, step_s: float, per_process: int,
              log: TextIO, say: Any) -> dict[str, Any]:
     """Every measure for one size (see the module docstring)."""
     timing = Timing()
@@ -209,7 +216,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
     link = StoreLink(server.address, job, connect_timeout=30)
     store = link.connect()
     result: dict[str, Any] = {"participants": n}
-    swarm = Swarm(server.address, job, n, log, step_s)
+    swarm = Swarm(server.address, job, n, log, step_s, per_process)
     try:
         everyone = set(range(n))
         started = time.monotonic()
@@ -219,7 +226,9 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         assert generation is not None
         say(f"  N={n}: formed generation {generation} in {result['form_s']} s")
         result["record_bytes"] = len(store.get(keys.record(generation)))  # what every member reads per change
-        result["worker_rss_mb"] = max(_rss_mb(w.process.pid) for w in swarm.workers)
+        memory = swarm.memory()
+        result["worker_memory_mb"] = {"per_process": per_process, "process": memory.process_mb,
+                                      "participant": memory.participant_mb, "shared": memory.shared_mb}
         time.sleep(2.0)  # settle: every thread in its steady state
 
         before, _ = swarm.counts()
@@ -320,7 +329,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         result["generation_changes"] = changes
         result["false_positives"] = changes - (repetitions + 2) + len(swarm.problems)
         result["problems"] = swarm.problems[:10]
-        result["store_rss_mb"] = _rss_mb(pid)
+        result["store_rss_mb"] = status_mb(pid, "VmRSS")
         result["store_keys"] = store.num_keys()
 
         if generations:
@@ -361,7 +370,7 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
                 del swarm.joined[old]
         if i in marks:
             keys_now = _settled_key_count(store)
-            samples.append({"advances": i, "store_rss_mb": _rss_mb(pid), "store_keys": keys_now})
+            samples.append({"advances": i, "store_rss_mb": status_mb(pid, "VmRSS"), "store_keys": keys_now})
             say(f"    after {i} advances: {samples[-1]}")
     settled = next((x for x in samples if x["advances"] >= 100), samples[0])
     return {"samples": samples, "from_advances": settled["advances"],
@@ -379,29 +388,6 @@ def _settled_key_count(store: Any, within_s: float = 5.0) -> int:
         time.sleep(0.1)
         seen.append(store.num_keys())
     return seen[-1]
-
-
-def worker_processes(n: int) -> int:
-    """How many processes simulate `n` participants: the leader's, the bulk's (PER_PROCESS each), two victims'."""
-    return 3 + math.ceil((n - 3) / PER_PROCESS)
-
-
-def does_not_fit(n: int, worker_rss_mb: float, available_mb: float) -> str | None:
-    """Why `n` participants cannot be simulated in `available_mb` of memory (None when they can): each worker
-    process holds torch's import (~0.5 GB) whatever its participants, so the need grows with the process count."""
-    need = worker_processes(n) * worker_rss_mb + STORE_AND_DRIVER_MB
-    if need <= 0.9 * available_mb:
-        return None
-    return (f"{n} participants need ~{need / 1024:.1f} GiB ({worker_processes(n)} worker processes x "
-            f"{worker_rss_mb:.0f} MB, plus the store) but {available_mb / 1024:.1f} GiB is available: run this size "
-            f"on a machine with more memory, or leave it out of --sizes")
-
-
-def _available_mb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    return math.inf
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -424,18 +410,26 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
         generations = 100 if quick else 1000
     results: list[dict[str, Any]] = []
     with (out / "workers.log").open("w") as log:
+        memory, cores, measured_at = WorkerMemory(), PARTICIPANT_CORES, None
         for n in sizes:
-            measured = [r["worker_rss_mb"] for r in results if "worker_rss_mb" in r]
-            reason = does_not_fit(n, max(measured, default=WORKER_RSS_MB), _available_mb())
-            if reason is not None:  # a measure that could not be made: said, and counted as a miss
-                print(f"N={n}: not measured: {reason}", flush=True)
-                results.append({"participants": n, "not_measured": reason})
-                (out / "scale.json").write_text(json.dumps({"machine": _machine(), "sizes": results}, indent=1))
-                continue
-            print(f"N={n}: starting {n} simulated participants", flush=True)
-            # The store's memory over many generations is measured at the smallest size (the advances are fast).
-            results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,
-                                    window_s=12.0, step_s=2.0, log=log, say=lambda text: print(text, flush=True)))
+            # A measure that could not be made (the size does not fit; its run failed) is said, and is a miss.
+            try:
+                count = per_process(n, memory, Machine.now(), cores, measured_at)
+                print(f"N={n}: starting {n} simulated participants, {count} per worker process", flush=True)
+                # The store's memory over many generations is measured at the smallest size (fast advances).
+                results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,
+                                        window_s=12.0, step_s=2.0, per_process=count, log=log,
+                                        say=lambda text: print(text, flush=True)))
+            except DoesNotFit as exc:
+                print(f"N={n}: not measured: {exc}", flush=True)
+                results.append({"participants": n, "not_measured": str(exc)})
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"N={n}: not measured: the run failed: {exc}", flush=True)
+                results.append({"participants": n, "not_measured": f"the run failed: {exc}"})
+            if "worker_memory_mb" in results[-1]:  # the next size is planned on what this one measured
+                m = results[-1]["worker_memory_mb"]
+                memory = WorkerMemory(m["process"], m["participant"], m["shared"])
+                cores, measured_at = results[-1]["participants_cpu_share"] / n, n
             (out / "scale.json").write_text(json.dumps({"machine": _machine(), "sizes": results}, indent=1))
     misses = targets_missed(results)
     (out / "scale.md").write_text(markdown(results, misses))

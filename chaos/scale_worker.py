@@ -48,7 +48,7 @@ class SimulatedRank:
 
     def _train(self) -> None:
         p, step = self.p, -1
-        store = p.clone_store()
+        store = p.store  # a real rank's process groups get a client of their own: see chaos.scale_layout
         while not self.stopping.is_set():
             try:
                 record = p.join(step)

@@ -37,6 +37,10 @@ class Participant:
     watch_interval; one wait per 2 heartbeat timeouts; progress and status at most every 10 intervals);
     only the leader reads every slot, every tick.
 
+    Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper adds one for
+    its process groups); the one that lists the job in the store's index is closed once it did, so the store
+    holds ~5 descriptors per rank (its open-file limit bounds a job's size: ftcoord-store says so at start).
+
     Every client comes from one StoreLink (ftcoord.store_link): they ride through a store that goes away
     and comes back; when it comes back empty, this process writes back what it holds (`_rebuild`).
     """
@@ -77,6 +81,7 @@ class Participant:
         base = self.link.client(prefixed=False)
         self.incarnation = register(self.store, self.slot)
         jobs.list_job(base, self.store, self.job_id)
+        base.close()  # one connection fewer per process for the rest of its life (the store's descriptors, at scale)
         jobs.describe(self.store, self.timing)
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
         self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing)

@@ -62,6 +62,8 @@ _REQUESTS = {"get": 2, "multi_get": 2}
 """Requests the server handles per call, where more than one: TCPStore's get and multi_get wait for their keys
 first (measured with a 10 ms proxy: 2 round trips; add, check and compare_set 1; set and append 1 but no reply
 waited for)."""
+_OPENING = threading.Lock()
+"""Held while a client is made (StoreLink._open): what sockets it opened is told apart by when they appeared."""
 _WATCH_S = 1.0  # how often the watchdog looks for unanswered operations (at most; op_timeout / 8 when shorter)
 
 
@@ -213,20 +215,26 @@ class StoreLink:
     # -- connections ----------------------------------------------------------------------
 
     def _open(self, timeout: float, prefixed: bool) -> _Connection:
-        """One attempt at a new client, bounded by `timeout` even against a server that does not answer."""
+        """One attempt at a new client, bounded by `timeout` even against a server that does not answer.
+
+        A client's sockets are the ones that appeared while its TCPStore was made, so clients are made one at a
+        time in a process (_OPENING): made side by side (a participant's threads start together; `chaos bench
+        --scale` runs hundreds of links in a process), one client's sockets would include another's, and
+        closing it, or cutting its unanswered call, would cut the other's connection too."""
         # Knock first: TCPStore's constructor retries a refused connection inside, and can take twice its
         # timeout before it gives up, so it is only asked once something listens.
         with socket.create_connection((self.address.host, self.address.port), timeout=min(timeout, 2.0)):
             pass
-        before = group_sockets.open_sockets()
-        token = self._watch_call(timeout + self.op_timeout, None, before)
-        try:
-            raw = dist.TCPStore(self.address.host, self.address.port, is_master=False,
-                                timeout=timedelta(seconds=timeout), wait_for_workers=False)
-        finally:
-            self._unwatch(token)
+        with _OPENING:
+            before = group_sockets.open_sockets()
+            token = self._watch_call(timeout + self.op_timeout, None, before)
+            try:
+                raw = dist.TCPStore(self.address.host, self.address.port, is_master=False,
+                                    timeout=timedelta(seconds=timeout), wait_for_workers=False)
+            finally:
+                self._unwatch(token)
+            sockets = self._store_sockets(before)
         raw.set_timeout(timedelta(seconds=300))
-        sockets = self._store_sockets(before)
         view: dist.Store = dist.PrefixStore(f"{KEY_PREFIX}/{self.job_id}", raw) if prefixed else raw
         return _Connection(raw, view, sockets, self._session)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,24 @@ def test_the_scale_bench_refuses_bad_sizes_with_a_clear_error() -> None:
     assert result.returncode == 2
     assert "--sizes '4,x'" in result.stderr and "e.g. 64,256,1024" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path: Path) -> None:
+    """A worker process that exits (here: SIGKILLed behind the driver's back) takes dozens of participants with it:
+    the driver says which and stops waiting, instead of waiting out its deadline (minutes at large sizes)."""
+    from chaos.bench_scale import Swarm
+    from ftcoord.server import StoreProcess
+
+    server = StoreProcess.start("127.0.0.1", 0)
+    with (tmp_path / "workers.log").open("w") as log:
+        swarm = Swarm(server.address, "died", 8, log, step_s=2.0, per_process=4)
+        try:
+            bulk = next(w for w in swarm.workers if w.count > 1)
+            bulk.process.kill()
+            started = time.monotonic()
+            with pytest.raises(RuntimeError, match=r"the worker process of slots 1-4 exited with -9"):
+                swarm.wait_for(lambda: False, 120, "never")
+            assert time.monotonic() - started < 5
+        finally:
+            swarm.close()
+            server.stop()

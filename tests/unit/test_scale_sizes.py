@@ -1,27 +1,88 @@
-"""`chaos bench --scale`: a size that cannot fit in this machine's memory is refused up front, said, and counted
-as a missed target (never a silent pass, never an out-of-memory kill halfway through)."""
+"""`chaos bench --scale`: how a size is laid out in processes; a size that cannot fit in this machine's memory or
+thread limits is refused up front, said, and counted as a missed target (never a silent pass, never an
+out-of-memory kill halfway through)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from chaos.bench_scale import does_not_fit, markdown, targets_missed, worker_processes
+from chaos.bench_scale import markdown, targets_missed
+from chaos.scale_layout import DoesNotFit, Machine, WorkerMemory, per_process, worker_processes
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
+
+MEASURED = WorkerMemory(process_mb=294, participant_mb=0.4, shared_mb=374)  # torch 2.14.1, this machine
+CORES = 0.0001  # so that these tests are about memory, threads and connections
+
+
+def machine(available_mb: float = 22_000, free_tasks: int = 30_000, open_files: int = 20_000,
+            cores: int = 64) -> Machine:
+    return Machine(available_mb, free_tasks, open_files, cores)
 
 
 def test_the_worker_processes_are_the_leader_the_bulk_and_two_victims() -> None:
     assert worker_processes(64) == 4  # 0 | 1-61 | 62 | 63
     assert worker_processes(1024) == 19
     assert worker_processes(4096) == 67
+    assert worker_processes(4096, 256) == 3 + 16
+
+
+def test_the_fewest_participants_per_process_that_fit_are_used() -> None:
+    assert per_process(1024, MEASURED, machine(22_000, 30_000, 20_000), CORES) == 64
+    # 67 processes of 294 MB each would not fit in 22 GB; 35 of them do
+    assert per_process(4096, MEASURED, machine(22_000, 30_000, 20_000), CORES) == 128
+    assert per_process(4096, MEASURED, machine(12_000, 30_000, 20_000), CORES) == 256
+
+
+def test_a_size_whose_participants_would_take_the_machines_cores_at_steady_state_is_refused() -> None:
+    # measured here: 0.58 of a core for 1,024 participants at steady state
+    assert per_process(1024, MEASURED, machine(cores=2), 0.58 / 1024, measured_at=1024) == 64
+    with pytest.raises(DoesNotFit, match=r"4096 participants would keep ~2.3 of this machine's 2 cores busy .* "
+                                         r"measured at 1024.* more than the 75%"):
+        per_process(4096, MEASURED, machine(cores=2), 0.58 / 1024, measured_at=1024)
+    with pytest.raises(DoesNotFit, match=r"this machine's usual"):  # nothing measured yet: the usual cost
+        per_process(4096, MEASURED, machine(cores=2))
+
+
+def test_shared_library_pages_are_counted_once_not_per_process() -> None:
+    need = MEASURED.need_mb(4096, 64)
+    assert need < 67 * (294 + 374)  # what a sum of the workers' RSS would say
+    assert need == pytest.approx(67 * 294 + 4096 * 0.4 + 374 + 1536)
 
 
 def test_a_size_that_does_not_fit_says_what_it_needs_and_what_to_do() -> None:
-    reason = does_not_fit(4096, worker_rss_mb=540, available_mb=22_000)
-    assert reason is not None
-    assert "4096 participants need ~" in reason and "67 worker processes x 540 MB" in reason
-    assert "21.5 GiB is available" in reason and "leave it out of --sizes" in reason
-    assert does_not_fit(1024, worker_rss_mb=540, available_mb=22_000) is None
+    with pytest.raises(DoesNotFit) as caught:
+        per_process(4096, MEASURED, machine(6_000, 30_000, 20_000), CORES)
+    reason = str(caught.value)
+    assert "4096 participants need ~" in reason and "at 512 per process" in reason
+    assert "11 worker processes x 294 MB" in reason and "5.9 GiB is available" in reason
+    assert "leave it out of --sizes" in reason
+
+
+def test_a_size_with_more_threads_than_the_kernel_allows_is_refused() -> None:
+    with pytest.raises(DoesNotFit, match=r"4096 participants need ~24576 threads .* allows 20000 more"):
+        per_process(4096, MEASURED, machine(100_000, 20_000, 20_000), CORES)
+
+
+def test_a_size_with_more_connections_than_the_store_may_hold_is_refused() -> None:
+    with pytest.raises(DoesNotFit, match=r"4096 participants need ~16448 connections .* may open 16000 files"):
+        per_process(4096, MEASURED, machine(100_000, 100_000, 16_000), CORES)
+
+
+def test_the_memory_of_a_live_process_is_read_private_and_shared_apart() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys, torch; print('ready', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        measured = WorkerMemory.measured(child.pid, [])
+        assert measured.process_mb > 100 and measured.shared_mb > 100  # torch: own pages, libraries
+        assert measured.participant_mb == 0.1  # no bulk worker to measure it on: the floor
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_size_not_measured_is_a_missed_target_and_a_row_of_the_table() -> None:

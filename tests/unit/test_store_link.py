@@ -302,3 +302,34 @@ def test_a_finish_that_was_interrupted_is_not_counted_again_in_a_rebuilt_store(
     client.rebuild(view)
     assert get_or_none(view, keys.finished(3)) is None and get_or_none(view, keys.DONE) is None
     member_link.close()
+
+
+def test_clients_made_side_by_side_in_one_process_own_only_their_own_sockets(store: Restartable, job_id: str) -> None:
+    """Many links in one process (a participant per thread in these tests; hundreds per process in `chaos bench
+    --scale`), their clients made at the same moment: each client owns exactly its own connection, so closing one
+    (or cutting its unanswered call) never cuts another's."""
+    links = [StoreLink(store.address, job_id, connect_timeout=10, op_timeout=10) for _ in range(4)]
+    for each in links:
+        each.connect()
+    clients = [link.client() for link in links for _ in range(6)]
+    start = threading.Barrier(len(clients))
+
+    def first_call(client: object) -> None:
+        start.wait()
+        client.add("counter", 1)  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=first_call, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    owned = [set(c._connection.sockets) for c in clients]  # noqa: SLF001 - what close() and the watchdog cut
+    assert all(len(sockets) == 1 for sockets in owned), owned
+    assert len(set().union(*owned)) == len(clients), "two clients claim the same socket"
+    clients[0].close()
+    for client in clients[1:]:
+        assert client.add("counter", 1) > 0  # still connected: no reconnection needed
+    sessions = {link._session for link in links}  # noqa: SLF001
+    assert sessions == {0}, "a client's close cut another's connection (it had to reconnect)"
+    for each in links:
+        each.close()
