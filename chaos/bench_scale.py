@@ -23,9 +23,10 @@ few processes on this machine, so the network is loopback and every participant'
 - store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
   once settled).
 
-How the participants are laid out in processes, and a size that would not fit in this machine's memory or
-thread limits (not started: reported as not measured, with what it would need, and counted as a missed
-target): chaos.scale_layout.
+How the participants are laid out in processes, and when a size does not fit this machine (its memory,
+threads, the store's descriptors, or the CPU its participants would keep busy at steady state: not started,
+reported as not measured with what it would need, and counted as a missed target): chaos.scale_layout. A
+size whose run fails (a worker process died: said at once, with its slots) is a miss too.
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
             phases.append((announced - t0, decided - announced, max(times) - (decided - t0)))
             # How busy the machine was meanwhile (the CPU read after the last participant held the record).
             took = time.monotonic() - t0
-            busy.append(((_cpu_s(pid) - store_cpu0) / took, (swarm.cpu_s() - workers_cpu0) / took))
+            busy.append((_cpu_s(pid) - store_cpu0, swarm.cpu_s() - workers_cpu0, took))
             time.sleep(0.5)
         counts_after, cpu_after = swarm.counts()
         # What an advance costs beyond the steady state: requests per participant by thread/op, and CPU.
@@ -277,10 +278,12 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
                  for name in counts_after}
         result["requests_per_advance"] = {k: round(v, 2) for k, v in sorted(extra.items()) if round(v, 2) > 0}
         # The store is one thread: a share near 1 means it, not the participants, set the pace. The participants'
-        # share is out of this machine's cores (on a real job each rank has a host's).
-        result["cores_busy_during_advance"] = {"store": round(statistics.median(b[0] for b in busy), 3),
-                                               "participants": round(statistics.median(b[1] for b in busy), 3),
-                                               "of": os.cpu_count()}
+        # share is out of this machine's cores (on a real job each rank has a host's). Over all the advances
+        # together: CPU time is counted in clock ticks (10 ms), longer than a small size's whole advance.
+        took = sum(b[2] for b in busy)
+        result["cores_busy_during_advance"] = {"store": round(sum(b[0] for b in busy) / took, 3),
+                                               "participants": round(sum(b[1] for b in busy) / took, 3),
+                                               "of": os.cpu_count(), "clock_tick_s": 1 / os.sysconf("SC_CLK_TCK")}
         result["advance_s"] = summary(advances)
         result["advance_median_participant_s"] = summary(medians)
         # Where an advance's time goes: every participant announced itself (their rejoin: in this simulation,

@@ -28,7 +28,10 @@ def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -
     assert report["memory"]["keys_growth"] <= 0, report["memory"]
     # An advance's cost: each participant's announcement (append) and record wait are in it, and CPU was used.
     assert report["requests_per_advance"]["trainer/append"] >= 0.9, report["requests_per_advance"]
-    assert 0 < report["cores_busy_during_advance"]["store"] <= 1.2, report["cores_busy_during_advance"]
+    # The store's share: its CPU is counted in clock ticks, and at this size a few advances may take less than one
+    # tick of it; a share above one core would be a wrong measure (the store is one thread).
+    busy = report["cores_busy_during_advance"]
+    assert 0 <= busy["store"] <= 1.2 and busy["clock_tick_s"] > 0, busy
     assert report["cores_busy_during_advance"]["participants"] > 0, report["cores_busy_during_advance"]
 
 
