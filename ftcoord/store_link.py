@@ -221,11 +221,11 @@ class StoreLink:
         time in a process (_OPENING): made side by side (a participant's threads start together; `chaos bench
         --scale` runs hundreds of links in a process), one client's sockets would include another's, and
         closing it, or cutting its unanswered call, would cut the other's connection too."""
-        # Knock first: TCPStore's constructor retries a refused connection inside, and can take twice its
-        # timeout before it gives up, so it is only asked once something listens.
-        with socket.create_connection((self.address.host, self.address.port), timeout=min(timeout, 2.0)):
-            pass
-        with _OPENING:
+        with _OPENING:  # the knock too: its socket, open for a moment, would be counted as another client's
+            # Knock first: TCPStore's constructor retries a refused connection inside, and can take twice its
+            # timeout before it gives up, so it is only asked once something listens.
+            with socket.create_connection((self.address.host, self.address.port), timeout=min(timeout, 2.0)):
+                pass
             before = group_sockets.open_sockets()
             token = self._watch_call(timeout + self.op_timeout, None, before)
             try:
