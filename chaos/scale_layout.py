@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 from dataclasses import dataclass
 from pathlib import Path
+
+from ftcoord.store_main import open_files_limit
 
 PER_PROCESS = (64, 128, 256, 512)
 """Simulated participants per bulk worker process, in the order tried: the first that fits."""
@@ -90,7 +91,8 @@ class Machine:
 
     @classmethod
     def now(cls) -> Machine:
-        return cls(available_mb(), free_tasks(), open_files(), os.cpu_count() or 1)
+        # the store's open-file limit: ftcoord-store raises its soft limit to the hard one
+        return cls(available_mb(), free_tasks(), open_files_limit(), os.cpu_count() or 1)
 
 
 def per_process(n: int, memory: WorkerMemory, machine: Machine,
@@ -160,9 +162,3 @@ def free_tasks() -> int:
     except (OSError, ValueError, IndexError):
         running = 0
     return (min(limits) if limits else 1 << 22) - running
-
-
-def open_files() -> int:
-    """The most files the store may hold open (its hard limit: ftcoord-store raises its soft limit to it)."""
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    return 1 << 20 if hard == resource.RLIM_INFINITY else hard

@@ -18,12 +18,17 @@ from ftcoord.listen import bind_listen_socket
 _CONNECTIONS_WANTED = 65536  # ~5 per process (ftcoord.participant's clients, a launcher's) for 10k+ ranks
 
 
+def open_files_limit() -> int:
+    """The open-file limit raise_open_files sets here: the hard limit (_CONNECTIONS_WANTED when unlimited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(soft, _CONNECTIONS_WANTED) if hard == resource.RLIM_INFINITY else hard
+
+
 def raise_open_files() -> int:
     """Raise this process's open-file limit to its hard limit: every client connection is a descriptor, about five
     per rank's process (the default soft limit, often 1024, caps a job near 200 processes). The new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = max(soft, _CONNECTIONS_WANTED)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    hard = open_files_limit()
     if soft < hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

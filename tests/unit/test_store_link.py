@@ -22,7 +22,7 @@ from ftcoord.generation import GenerationClient
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import register
 from ftcoord.store import get_or_none
-from ftcoord.store_link import Instance, StoreLink, StoreRestarted
+from ftcoord.store_link import Instance, LinkedStore, StoreLink, StoreRestarted
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -314,9 +314,9 @@ def test_clients_made_side_by_side_in_one_process_own_only_their_own_sockets(sto
     clients = [link.client() for link in links for _ in range(6)]
     start = threading.Barrier(len(clients))
 
-    def first_call(client: object) -> None:
+    def first_call(client: LinkedStore) -> None:
         start.wait()
-        client.add("counter", 1)  # type: ignore[attr-defined]
+        client.add("counter", 1)
 
     threads = [threading.Thread(target=first_call, args=(c,)) for c in clients]
     for thread in threads:
