@@ -37,8 +37,9 @@ class Heartbeat:
     It also publishes the training thread's progress counter (bumped by `ping()` with no store operation),
     so a process whose heartbeat thread runs but whose training thread is stuck can be told apart from a
     healthy one, and the slot's status for operators: each when it changed, but a change that only counts
-    on is published at most every `publish_every` seconds (what starts or stops waiting on peers, a new
-    generation, a first commit: at the next beat). The thread waits for nothing in the store: a leader's
+    on is published at most every `publish_every` seconds (a new generation, a first commit, stopping to wait
+    on peers: at the next beat; waiting on peers: once the training thread stood still for `publish_every`,
+    see `beat`). The thread waits for nothing in the store: a leader's
     question ("beat now", ftcoord.evidence) reaches it through `beat_now()`, from the interrupt monitor.
     """
 
@@ -63,6 +64,7 @@ class Heartbeat:
         self._training_thread: int | None = None
         self._published_progress = ""
         self._progress_at_beat = -1
+        self._still_since = time.monotonic()  # when a beat last saw the progress counter move
         self._progress_at = -math.inf  # when progress (and, apart, status) was last published
         self._status_at = -math.inf
         self.beats = 0
@@ -83,9 +85,15 @@ class Heartbeat:
         """One heartbeat now (also used at start, so observers see us at once)."""
         self.beats = int(self._store.add(keys.heartbeat(self._slot), 1))
         now = time.monotonic()
-        # Only a training thread that made no progress since the last beat may be waiting on its peers (looking
-        # costs a walk of every thread's frame: a moving one is not looked at).
-        waiting = self._progress == self._progress_at_beat and self._waiting_on_peers()
+        if self._progress != self._progress_at_beat:
+            self._still_since = now
+        # Only a training thread whose progress stood still may be waiting on its peers, and the leader asks only
+        # about one that stood still for progress_timeout: it is looked at once still for publish_every (at most a
+        # quarter of that timeout), at every beat from then on. Looking costs a snapshot of every thread's frame,
+        # O(threads in the process): a process of many threads (chaos bench --scale: 64 participants to a
+        # process, ~450 threads) spent a quarter of its CPU on it when every still beat looked.
+        waiting = (self._progress == self._progress_at_beat and now - self._still_since >= self._publish_every
+                   and self._waiting_on_peers())
         self._progress_at_beat = self._progress
         progress = f"{self._progress}:w" if waiting else str(self._progress)
         if progress != self._published_progress and (

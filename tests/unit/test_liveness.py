@@ -14,6 +14,7 @@ from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.participant import Participant
+from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -96,6 +97,55 @@ def _member(store_server: StoreServer, job_id: str, slot: int) -> tuple[Heartbea
     heartbeat.start()
     monitor.start()
     return heartbeat, monitor
+
+
+def test_a_training_thread_still_on_its_peers_is_published_waiting_looked_at_only_once_it_stood_still(
+        store_server: StoreServer, job_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader's culprit rule needs to know which still member waits on its peers (":w" on its progress), and
+    only for one still for progress_timeout. Looking is a snapshot of every thread's frame, O(threads): it is taken
+    once the training thread stood still for publish_every (at most a quarter of that timeout), not at every still
+    beat (a quarter of a 64-participant process's CPU, chaos bench --scale)."""
+    import ftcoord.heartbeat as heartbeat_module
+
+    monkeypatch.setattr(heartbeat_module, "WAITING_MODULES", ("/tests/unit/test_liveness.py",))
+    looked_at: list[float] = []
+    real_frame_of = heartbeat_module.frame_of
+
+    def frame_of(thread_id: int):  # type: ignore[no-untyped-def]
+        looked_at.append(time.monotonic())
+        return real_frame_of(thread_id)
+
+    monkeypatch.setattr(heartbeat_module, "frame_of", frame_of)
+    store = job_store(connect(store_server.address), job_id)
+    publish_every = 0.6
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=3, interval=0.05,
+                          publish_every=publish_every)
+    peers_done = threading.Event()
+    pinged: list[float] = []
+
+    def train() -> None:
+        heartbeat.ping()
+        pinged.append(time.monotonic())
+        peers_done.wait(20)  # a frame of this file: "waiting on its peers", as monkeypatched above
+        heartbeat.ping()
+
+    heartbeat.start()
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        def progress() -> str:
+            return (get_or_none(store, keys.progress(3)) or b"").decode()
+
+        wait_until(lambda: progress().endswith(":w"), 10, "the still training thread published as waiting")
+        published = time.monotonic()
+        assert published - pinged[0] >= publish_every, f"published waiting {published - pinged[0]:.3f}s after a ping"
+        assert looked_at and min(looked_at) - pinged[0] >= publish_every, (
+            f"looked at the training thread's frame {min(looked_at) - pinged[0]:.3f}s after its last ping")
+        peers_done.set()
+        wait_until(lambda: progress() == "2", 5, "progress again, no longer waiting")
+    finally:
+        peers_done.set()
+        heartbeat.stop()
 
 
 @pytest.mark.parametrize("interrupted_first", [False, True], ids=["running", "already-interrupted"])
