@@ -21,7 +21,12 @@ few processes on this machine, so the network is loopback and every participant'
   `cores_busy_during_advance`: the store's share of its one core and the participants' of this machine's
   cores meanwhile (which of them set the pace);
 - store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
-  once settled).
+  once settled);
+- `floor_s`: what the same number of bare store clients, laid out alike, take on this machine to hear an
+  interrupt, be counted and hear a decision, with and without ftcoord's critical-path requests
+  (chaos.scale_floor): how far an advance is from what this machine allows any protocol.
+
+scale.md and scale.png, and which targets were missed: chaos.scale_report.
 
 How the participants are laid out in processes, and when a size does not fit this machine (its memory,
 threads, the store's descriptors, or the CPU its participants would keep busy at steady state: not started,
@@ -45,8 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from chaos import scale_floor
 from chaos.bench_recovery import summary
 from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMemory, per_process, status_mb
+from chaos.scale_report import markdown, plot, targets_missed
 from ftcoord import keys
 from ftcoord.config import Timing
 from ftcoord.heartbeat import mark_dead
@@ -429,6 +436,8 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
             except (RuntimeError, TimeoutError) as exc:
                 print(f"N={n}: not measured: the run failed: {exc}", flush=True)
                 results.append({"participants": n, "not_measured": f"the run failed: {exc}"})
+            if "advance_s" in results[-1]:  # what this machine allows any protocol at this size (chaos.scale_floor)
+                results[-1]["floor_s"] = _floor(n, count, repetitions, results[-1]["record_bytes"])
             if "worker_memory_mb" in results[-1]:  # the next size is planned on what this one measured
                 m = results[-1]["worker_memory_mb"]
                 memory = WorkerMemory(m["process"], m["participant"], m["shared"])
@@ -436,105 +445,25 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
             (out / "scale.json").write_text(json.dumps({"machine": _machine(), "sizes": results}, indent=1))
     misses = targets_missed(results)
     (out / "scale.md").write_text(markdown(results, misses))
-    _plot(results, out / "scale.png")
+    plot(results, out / "scale.png")
     print((out / "scale.md").read_text())
     return 1 if misses else 0
+
+
+def _floor(n: int, per_process: int, repetitions: int, record_bytes: int) -> dict[str, Any]:
+    """Both floors of an advance among n bare clients (chaos.scale_floor); one that could not be measured says why."""
+    floors: dict[str, Any] = {}
+    for variant in scale_floor.VARIANTS:
+        try:
+            floors[variant] = scale_floor.measure(n, per_process, repetitions, record_bytes, variant)
+            print(f"  N={n}: floor, {variant}: {floors[variant]}", flush=True)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            floors[variant] = {"not_measured": str(exc)}
+            print(f"  N={n}: floor, {variant}: not measured: {exc}", flush=True)
+    return floors
 
 
 def _machine() -> dict[str, Any]:
     from chaos.bench import machine
 
     return machine()
-
-
-def targets_missed(results: list[dict[str, Any]]) -> list[str]:
-    """Issue 17's targets, each a sentence when missed (a measure that could not be made is a miss too)."""
-    missed = []
-    timing = Timing()
-    for r in results:
-        n = r["participants"]
-        if "not_measured" in r:
-            missed.append(f"N={n}: not measured: {r['not_measured']}")
-            continue
-        limit = 0.25 if n <= 1024 else 1.0
-        if r["advance_s"]["median"] > limit:
-            missed.append(f"N={n}: advance {r['advance_s']['median']} s > {limit} s")
-        if r["ops_per_participant_s"]["total"] > r["ops_budget"]:
-            missed.append(f"N={n}: {r['ops_per_participant_s']['total']} store requests per participant per s > "
-                          f"{r['ops_budget']}")
-        detect_limit = timing.heartbeat_timeout + timing.heartbeat_interval
-        if r.get("detect_silent_s") is None or r["detect_silent_s"] > detect_limit:
-            missed.append(f"N={n}: a silent SIGKILL detected after {r.get('detect_silent_s')} s > "
-                          f"{timing.heartbeat_timeout + timing.heartbeat_interval} s")
-        if r["false_positives"]:
-            missed.append(f"N={n}: {r['false_positives']} false positive(s): {r['problems'][:3]}")
-        memory = r.get("memory")
-        if memory is not None and memory["keys_growth"] > 0:
-            missed.append(f"N={n}: the store grew by {memory['keys_growth']} keys from generation "
-                          f"{memory['from_advances']} to {memory['samples'][-1]['advances']}")
-    return missed
-
-
-def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
-    head = ("| participants | advance, slowest (median, min-max) | advance, median participant | re-form after a "
-            "marked kill | silent kill: detected / re-formed | store requests per participant per s | "
-            "leader CPU per advance | store RSS | store keys |\n|---|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in results:
-        if "not_measured" in r:
-            lines.append(f"| {r['participants']} | not measured: {r['not_measured']} |" + " |" * 7)
-            continue
-        a, m = r["advance_s"], r["advance_median_participant_s"]
-        lines.append(
-            f"| {r['participants']} | {a['median'] * 1000:.0f} ms ({a['min'] * 1000:.0f}-{a['max'] * 1000:.0f}) "
-            f"| {m['median'] * 1000:.0f} ms | {r['reform_marked_s'] * 1000:.0f} ms | {r['detect_silent_s']} s / "
-            f"{r['reform_silent_s']} s | {r['ops_per_participant_s']['total']} (budget {r['ops_budget']}) | "
-            f"{r.get('leader_cpu_per_advance_s', 'n/a')} s | {r['store_rss_mb']} MB | {r['store_keys']} |")
-    results = [r for r in results if "not_measured" not in r]
-    memory = [f"- N={r['participants']}: {s['advances']} advances: store RSS {s['store_rss_mb']} MB, "
-              f"{s['store_keys']} keys" for r in results if r.get("memory") for s in r["memory"]["samples"]]
-    roles = [f"- N={r['participants']}: " + ", ".join(f"{k} {v}" for k, v in r["ops_per_participant_s"].items())
-             for r in results]
-    phases = [f"- N={r['participants']}: every participant announced {_ms(r, 'all_announced')}, the leader decided "
-              f"{_ms(r, 'decided_after')} later, every participant held the record {_ms(r, 'delivered_after')} "
-              f"after that; at steady state the simulated participants used {r.get('participants_cpu_share')} "
-              f"and the store {r['store_cpu_share']} of a core; during an advance the store was busy "
-              f"{r['cores_busy_during_advance']['store']} of its one core and the participants "
-              f"{r['cores_busy_during_advance']['participants']} of the machine's "
-              f"{r['cores_busy_during_advance']['of']}; an advance cost each participant "
-              f"{sum(r['requests_per_advance'].values()):.1f} store requests ("
-              + ", ".join(f"{k} {v}" for k, v in r["requests_per_advance"].items()) + ")"
-              for r in results]
-    verdict = "every target met" if not misses else "missed: " + "; ".join(misses)
-    return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n" + head + "\n".join(lines)
-            + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases)
-            + "\n\nStore requests per participant per second, by thread:\n" + "\n".join(roles)
-            + "\n\nThe store over many generations:\n" + ("\n".join(memory) or "- not measured")
-            + f"\n\n{verdict}\n")
-
-
-def _ms(result: dict[str, Any], phase: str) -> str:
-    return f"{result['advance_phases_s'][phase]['median'] * 1000:.0f} ms"
-
-
-def _plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    results = [r for r in results if "not_measured" not in r]
-    sizes = [r["participants"] for r in results]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(sizes, [r["advance_s"]["median"] * 1000 for r in results], "o-", label="advance, slowest participant")
-    ax.plot(sizes, [r["advance_median_participant_s"]["median"] * 1000 for r in results], "s--",
-            label="advance, median participant")
-    ax.plot(sizes, [r["reform_marked_s"] * 1000 for r in results], "^:", label="re-form after a marked kill")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("participants")
-    ax.set_ylabel("ms")
-    ax.set_title("ftcoord generation change vs participants (simulated, 2 cores)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -33,6 +33,10 @@ def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -
     busy = report["cores_busy_during_advance"]
     assert 0 <= busy["store"] <= 1.2 and busy["clock_tick_s"] > 0, busy
     assert report["cores_busy_during_advance"]["participants"] > 0, report["cores_busy_during_advance"]
+    # What bare clients take on this machine, beside the advance (chaos.scale_floor): both variants measured.
+    floor = report["floor_s"]
+    assert floor["least"]["median"] > 0 and floor["critical_path"]["median"] > 0, floor
+    assert "bare store clients" in (out / "scale.md").read_text()
 
 
 def test_the_scale_bench_refuses_bad_sizes_with_a_clear_error() -> None:
@@ -62,3 +66,14 @@ def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path:
         finally:
             swarm.close()
             server.stop()
+
+
+def test_a_floor_worker_that_dies_is_said_at_once() -> None:
+    """The floor's workers (chaos.scale_floor) are bare store clients; one that exits (here: refused its variant)
+    fails the measure at once, naming its exit code, instead of the driver waiting out its deadline."""
+    from chaos import scale_floor
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"a floor worker exited with 2 before saying 'ready'"):
+        scale_floor.measure(4, 2, 1, 16, "no-such-variant", timeout_s=120)
+    assert time.monotonic() - started < 30

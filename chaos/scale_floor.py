@@ -1,0 +1,169 @@
+"""What this machine allows N participants, whatever the protocol: the advance's floor (`chaos bench --scale`).
+
+An advance tells every participant, through its own store connection, that its generation ended, counts it in,
+and tells it the next record: two wakes of N waiting clients, with requests between and after. On this machine
+the N clients share 2 cores (on a real job each has a host's), so a wake of a thousand waiters costs tens of
+milliseconds by itself, whatever the protocol does. This module measures that, with the participants' layout
+(the same processes, one client and one thread per participant) and no ftcoord logic: bare TCPStore clients,
+and a driver that plays the leader (sets the interrupt key, polls the count every 5 ms like the leader's join
+poll, then writes a record of the size the swarm's was). Two variants, each over several rounds:
+
+- `least`: wake, one request to be counted, wake: the least any protocol on a store must do;
+- `critical_path`: the requests on ftcoord's own critical path, in order: after the interrupt's wake the
+  monitor's check and reason, the trainer's announcement (append) and count (add); after the record's wake
+  its check, the record, and the job's fatal key (nine requests, counting the two waits).
+
+The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
+off-path requests cost; `least` against a target says whether the target is reachable on this machine at all.
+
+The worker side runs as `python -m chaos.scale_floor` and talks JSON lines on stdout ("ready", then one "round"
+per round: the latest moment any of its clients finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from chaos.bench_recovery import summary
+from ftcoord.server import StoreProcess
+from ftcoord.store import connect, get_or_none, read_int
+from ftcoord.store_main import raise_open_files
+
+VARIANTS = ("least", "critical_path")
+_POLL_S = 0.005  # the driver polls the count as often as ftcoord's leader polls a generation's join counter
+_WAIT = timedelta(seconds=120)
+
+
+def _key(variant: str, round_: int, name: str) -> str:
+    return f"floor/{variant}/{round_}/{name}"
+
+
+def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int) -> None:
+    """One bare participant: for each round, hear the interrupt, be counted, hear the record (see the docstring)."""
+    announcement = json.dumps({"generation": 0, "slot": slot, "incarnation": 1, "step": 0}) + "\n"
+    for r in range(rounds):
+        interrupt, record = _key(variant, r, "interrupt"), _key(variant, r, "record")
+        store.wait([interrupt], _WAIT)
+        if variant == "critical_path":
+            store.check([interrupt])
+            get_or_none(store, interrupt)
+            store.append(_key(variant, r, "joiners"), announcement)
+        store.add(_key(variant, r, "count"), 1)
+        store.wait([record], _WAIT)
+        if variant == "critical_path":
+            store.check([record])
+            get_or_none(store, record)
+            get_or_none(store, _key(variant, r, "fatal"))
+        ends[r] = max(ends[r], time.monotonic())
+
+
+def worker(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos.scale_floor", description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True, help="host:port of the store")
+    parser.add_argument("--count", type=int, required=True, help="bare participants in this process")
+    parser.add_argument("--first", type=int, default=0, help="the first one's slot")
+    parser.add_argument("--variant", choices=VARIANTS, required=True)
+    parser.add_argument("--rounds", type=int, required=True)
+    args = parser.parse_args(argv)
+    raise_open_files()
+    clients = [connect(args.store) for _ in range(args.count)]
+    ends_of = [[0.0] * args.rounds for _ in clients]
+    threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i),
+                                daemon=True) for i, c in enumerate(clients)]
+    for thread in threads:
+        thread.start()
+    print(json.dumps({"event": "ready"}), flush=True)
+    for thread in threads:
+        thread.join()
+    for r in range(args.rounds):
+        print(json.dumps({"event": "round", "round": r, "end": max(ends[r] for ends in ends_of)}), flush=True)
+    return 0
+
+
+def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: str,
+            timeout_s: float = 120.0) -> dict[str, Any]:
+    """The floor of an advance among `n` bare participants, `per_process` to a process: a summary of the rounds'
+    times from the interrupt until the last participant finished."""
+    server = StoreProcess.start("127.0.0.1", 0)
+    store = connect(server.address)
+    workers: list[_Worker] = []
+    try:
+        for first in range(0, n, per_process):
+            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), variant, rounds))
+        for worker in workers:
+            worker.expect("ready", timeout_s)
+        record = b"r" * record_bytes
+        starts = []
+        for r in range(rounds):
+            time.sleep(0.5)  # settle, as the bench does between advances
+            starts.append(time.monotonic())
+            store.set(_key(variant, r, "interrupt"), "bench:floor")
+            deadline = time.monotonic() + timeout_s
+            while read_int(store, _key(variant, r, "count")) < n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the floor's round {r} at N={n}: not every bare participant was counted "
+                                       f"within {timeout_s:.0f}s")
+                time.sleep(_POLL_S)
+            store.set(_key(variant, r, "record"), record)
+        ends = [0.0] * rounds
+        for worker in workers:
+            for _ in range(rounds):
+                event = worker.expect("round", timeout_s)
+                ends[event["round"]] = max(ends[event["round"]], event["end"])
+        return summary([end - start for start, end in zip(starts, ends, strict=True)])
+    finally:
+        for worker in workers:
+            worker.stop()
+        server.stop()
+
+
+class _Worker:
+    """A floor worker process, and its lines as they come (read by a thread: a wait for one has a deadline)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    @classmethod
+    def spawn(cls, address: str, first: int, count: int, variant: str, rounds: int) -> _Worker:
+        return cls(subprocess.Popen(
+            [sys.executable, "-m", "chaos.scale_floor", "--store", address, "--count", str(count),
+             "--first", str(first), "--variant", variant, "--rounds", str(rounds)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put("")  # the end
+
+    def expect(self, event: str, timeout_s: float) -> dict[str, Any]:
+        """The worker's next line, which must be `event`; a worker that died or went quiet is said at once."""
+        try:
+            line = self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"a floor worker said nothing for {timeout_s:.0f}s (waiting for {event!r})") from None
+        if not line:
+            raise RuntimeError(f"a floor worker exited with {self.process.wait()} before saying {event!r}")
+        message: dict[str, Any] = json.loads(line)
+        if message.get("event") != event:
+            raise RuntimeError(f"a floor worker said {message!r} where {event!r} was expected")
+        return message
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker())
