@@ -11,10 +11,14 @@ poll, then writes a record of the size the swarm's was). Two variants, each over
 - `least`: wake, one request to be counted, wake: the least any protocol on a store must do;
 - `critical_path`: the requests on ftcoord's own critical path, in order: after the interrupt's wake the
   monitor's check and reason, the trainer's announcement (append) and count (add); after the record's wake
-  its check, the record, and the job's fatal key (nine requests, counting the two waits).
+  its check, the record, and the job's fatal key (nine requests, counting the two waits);
+- `every_request`: the critical path, then the rest of what an advance costs a participant, as
+  `requests_per_advance` counts it (sixteen in all), from the same thread: the monitor's look at the probe and
+  its two reads of the stop key, the rendezvous (arrived, the member's address key), the status and a beat.
 
 The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
-off-path requests cost; `least` against a target says whether the target is reachable on this machine at all.
+off-path requests cost; `every_request`, what its requests cost with no thread but one per participant; `least`
+against a target says whether the target is reachable on this machine at all.
 
 The worker side runs as `python -m chaos.scale_floor` and talks JSON lines on stdout ("ready", then one "round"
 per round: the latest moment any of its clients finished).
@@ -37,7 +41,7 @@ from ftcoord.server import StoreProcess
 from ftcoord.store import connect, get_or_none, read_int
 from ftcoord.store_main import raise_open_files
 
-VARIANTS = ("least", "critical_path")
+VARIANTS = ("least", "critical_path", "every_request")
 _POLL_S = 0.005  # the driver polls the count as often as ftcoord's leader polls a generation's join counter
 _WAIT = timedelta(seconds=120)
 
@@ -46,22 +50,31 @@ def _key(variant: str, round_: int, name: str) -> str:
     return f"floor/{variant}/{round_}/{name}"
 
 
-def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int) -> None:
+def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int, members: int) -> None:
     """One bare participant: for each round, hear the interrupt, be counted, hear the record (see the docstring)."""
     announcement = json.dumps({"generation": 0, "slot": slot, "incarnation": 1, "step": 0}) + "\n"
+    status = json.dumps({"generation": 0, "rank": slot, "step": 0, "steps_per_s": 0.0, "restarts": {}})
     for r in range(rounds):
         interrupt, record = _key(variant, r, "interrupt"), _key(variant, r, "record")
         store.wait([interrupt], _WAIT)
-        if variant == "critical_path":
+        if variant != "least":
             store.check([interrupt])
             get_or_none(store, interrupt)
             store.append(_key(variant, r, "joiners"), announcement)
         store.add(_key(variant, r, "count"), 1)
         store.wait([record], _WAIT)
-        if variant == "critical_path":
+        if variant != "least":
             store.check([record])
             get_or_none(store, record)
             get_or_none(store, _key(variant, r, "fatal"))
+        if variant == "every_request":
+            store.check([_key(variant, r, "probe")])
+            get_or_none(store, "stop")
+            get_or_none(store, "stop")
+            store.add(_key(variant, r, "arrived"), 1)
+            store.set(_key(variant, r, f"address/{slot}"), b"\0" * 8 * members)
+            store.set(f"floor/status/{slot}", status)
+            store.add(f"floor/hb/{slot}", 1)
         ends[r] = max(ends[r], time.monotonic())
 
 
@@ -72,11 +85,13 @@ def worker(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="the first one's slot")
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--members", type=int, required=True, help="participants in all (an address key's size)")
     args = parser.parse_args(argv)
     raise_open_files()
     clients = [connect(args.store) for _ in range(args.count)]
     ends_of = [[0.0] * args.rounds for _ in clients]
-    threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i),
+    threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i,
+                                                                   args.members),
                                 daemon=True) for i, c in enumerate(clients)]
     for thread in threads:
         thread.start()
@@ -97,7 +112,7 @@ def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: s
     workers: list[_Worker] = []
     try:
         for first in range(0, n, per_process):
-            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), variant, rounds))
+            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), n, variant, rounds))
         for worker in workers:
             worker.expect("ready", timeout_s)
         record = b"r" * record_bytes
@@ -134,10 +149,10 @@ class _Worker:
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
-    def spawn(cls, address: str, first: int, count: int, variant: str, rounds: int) -> _Worker:
+    def spawn(cls, address: str, first: int, count: int, members: int, variant: str, rounds: int) -> _Worker:
         return cls(subprocess.Popen(
             [sys.executable, "-m", "chaos.scale_floor", "--store", address, "--count", str(count),
-             "--first", str(first), "--variant", variant, "--rounds", str(rounds)],
+             "--first", str(first), "--members", str(members), "--variant", variant, "--rounds", str(rounds)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
 
     def _read(self) -> None:

@@ -90,7 +90,8 @@ def _floor_line(result: dict[str, Any]) -> str:
 
     return (f". The same number of bare store clients, laid out alike with no ftcoord logic (chaos.scale_floor): "
             f"{said('least')} to hear an interrupt, be counted and hear a decision; {said('critical_path')} with "
-            f"ftcoord's critical-path requests")
+            f"ftcoord's critical-path requests; {said('every_request')} with every request an advance costs, from "
+            f"one thread each")
 
 
 def _floor_said(result: dict[str, Any]) -> str:
