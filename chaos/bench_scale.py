@@ -23,8 +23,8 @@ few processes on this machine, so the network is loopback and every participant'
 - store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
   once settled);
 - `floor_s`: what the same number of bare store clients, laid out alike, take on this machine to hear an
-  interrupt, be counted and hear a decision, with and without ftcoord's critical-path requests
-  (chaos.scale_floor): how far an advance is from what this machine allows any protocol.
+  interrupt, be counted and hear a decision: with nothing else, with ftcoord's critical-path requests, and with
+  every request an advance costs (chaos.scale_floor): how far an advance is from what this machine allows.
 
 scale.md and scale.png, and which targets were missed: chaos.scale_report.
 
@@ -451,7 +451,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
 
 
 def _floor(n: int, per_process: int, repetitions: int, record_bytes: int) -> dict[str, Any]:
-    """Both floors of an advance among n bare clients (chaos.scale_floor); one that could not be measured says why."""
+    """Every floor of an advance among n bare clients (chaos.scale_floor.VARIANTS); one not measured says why."""
     floors: dict[str, Any] = {}
     for variant in scale_floor.VARIANTS:
         try:
