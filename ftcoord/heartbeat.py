@@ -45,10 +45,12 @@ class Heartbeat:
 
     def __init__(self, store: dist.Store, slot: int, interval: float, report: SlotReport | None = None,
                  publish_every: float | None = None,
-                 before_beat: Callable[[dist.Store], None] | None = None) -> None:
+                 before_beat: Callable[[dist.Store], None] | None = None,
+                 tell_watch: Callable[[], None] = lambda: None) -> None:
         """`publish_every`: how stale published progress and status may be (default: 10 intervals); the
         leader's stuck-rank judgement needs it well below the progress timeout. `before_beat(store)`: run
-        in this thread, on its client, before each beat (the monitor carries a local stop request)."""
+        in this thread, on its client, before each beat (the monitor carries a local stop request).
+        `tell_watch()`: called once this thread failed (ftcoord.watchdog)."""
         self._store = store
         self.report = report
         self._published_status = ""
@@ -58,6 +60,7 @@ class Heartbeat:
         self._interval = interval
         self._publish_every = 10 * interval if publish_every is None else publish_every
         self._before_beat = before_beat
+        self._tell_watch = tell_watch
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._progress = 0
@@ -167,6 +170,7 @@ class Heartbeat:
                 return
             self.failed = exc
             self._log.error("heartbeat_failed", error=str(exc))
+            self._tell_watch()
 
     def stop(self) -> None:
         """Stop beating, and wait for the thread to leave (it waits for nothing in the store, so at once unless

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch.distributed as dist
@@ -84,8 +84,12 @@ class LeaderDuty:
         timing: Timing,
         policy: QuorumPolicy,
         progress_timeout: float | None = None,
+        tell_watch: Callable[[], None] = lambda: None,
     ) -> None:
+        """`tell_watch()`: called once this thread failed, and when it reads a newer incarnation of its own slot
+        (ftcoord.watchdog ends the process)."""
         self._store = store
+        self._tell_watch = tell_watch
         self._slot = slot
         self._incarnation = incarnation
         self._timing = timing
@@ -206,6 +210,7 @@ class LeaderDuty:
                     return
                 self.failed = exc
                 self._log.error("leader_duty_failed", error=str(exc))
+                self._tell_watch()
                 return
 
     def _sleep(self, seconds: float) -> None:
@@ -228,7 +233,7 @@ class LeaderDuty:
         watched = [holder.slot] if holder.slot is not None else []
         values, facts = read_facts_and(self._store, watched, [keys.LEADER, keys.incarnation(self._slot)],
                                        pinned=self._round_instance)
-        self.newest_incarnation = int(values[1] or 0)
+        self._saw_incarnation(int(values[1] or 0))
         claim = LeaderClaim.parse(values[0])
         self._terms_seen = max(self._terms_seen, claim.term)
         if claim != holder:  # a new holder: judged from the next round on
@@ -251,8 +256,14 @@ class LeaderDuty:
             self._slots = slots
         self._judge.observe(facts, read_at)
         if self._slot in facts:
-            self.newest_incarnation = facts[self._slot].incarnation
+            self._saw_incarnation(facts[self._slot].incarnation)
         return read_at, facts, LeaderClaim.parse(values[0])
+
+    def _saw_incarnation(self, incarnation: int) -> None:
+        """The newest incarnation of this slot, as just read; a newer one than ours is told to the helper watch."""
+        self.newest_incarnation = incarnation
+        if incarnation > self._incarnation:
+            self._tell_watch()
 
     def _try_acquire(self, holder: LeaderClaim, facts: dict[int, SlotFacts]) -> None:
         """Take the leadership from a holder that released it, or is gone (by evidence or silence)."""

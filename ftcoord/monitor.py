@@ -49,12 +49,15 @@ class InterruptMonitor:
     """
 
     def __init__(self, store: dist.Store, slot: int, incarnation: int, slice_s: float = 10.0,
-                 on_beat: Callable[[], None] | None = None) -> None:
+                 on_beat: Callable[[], None] | None = None, tell_watch: Callable[[], None] = lambda: None) -> None:
+        """`on_beat()`: have the heartbeat beat now (a leader's question); `tell_watch()`: called once this
+        thread failed (ftcoord.watchdog)."""
         self._store = store
         self._slot = slot
         self._incarnation = incarnation
         self._slice_s = slice_s
         self._on_beat = on_beat or (lambda: None)
+        self._tell_watch = tell_watch
         self._lock = threading.Lock()
         self._generation: int | None = None
         self._answered: int | None = None  # the generation whose probe this process answered
@@ -122,6 +125,7 @@ class InterruptMonitor:
                 self.failed = exc
                 self._fired.set()
                 self._log.error("monitor_failed", error=str(exc))
+                self._tell_watch()
 
     def _round(self) -> None:
         self.carry_local_stop(self._store)  # the heartbeat thread carries it at once; this is the fallback

@@ -86,23 +86,26 @@ class Participant:
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
         self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing)
         self.report = SlotReport(self.slot)
-        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval, self.report,
-                                   publish_every=self._publish_every(),
-                                   before_beat=lambda store: self.monitor.carry_local_stop(store))
-        self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation,
-                                        slice_s=2 * self.timing.heartbeat_timeout, on_beat=self.heartbeat.beat_now)
-        self.heartbeat.start()
-        self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
-                                 self.policy, self.progress_timeout)
-        self.leader.start()
-        self.monitor.start()
-        # The helper watch reads nothing itself: the leader duty reads this slot's newest incarnation every round.
+        # The helper watch reads nothing itself: the leader duty reads this slot's newest incarnation every round,
+        # and each helper tells it when that, or its own failure, is news (it looks every heartbeat_timeout too).
         self.watch = HelperWatch(
-            self.slot, self.timing.heartbeat_interval,
+            self.slot, self.timing.heartbeat_timeout,
             {"heartbeat": lambda: self.heartbeat.failed, "leader duty": lambda: self.leader.failed,
              "interrupt monitor": lambda: self.monitor.failed},
             lambda: superseded_by(self.slot, self.incarnation, self.leader.newest_incarnation),
             self._on_helper_failure)
+        self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval, self.report,
+                                   publish_every=self._publish_every(),
+                                   before_beat=lambda store: self.monitor.carry_local_stop(store),
+                                   tell_watch=self.watch.nudge)
+        self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation,
+                                        slice_s=2 * self.timing.heartbeat_timeout, on_beat=self.heartbeat.beat_now,
+                                        tell_watch=self.watch.nudge)
+        self.heartbeat.start()
+        self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
+                                 self.policy, self.progress_timeout, tell_watch=self.watch.nudge)
+        self.leader.start()
+        self.monitor.start()
         self.watch.start()
         self.link.on_new_instance(self._rebuild)
         self._log.info("participant_started", job_id=self.job_id, store=str(self.address),

@@ -64,7 +64,6 @@ first (measured with a 10 ms proxy: 2 round trips; add, check and compare_set 1;
 waited for)."""
 _OPENING = threading.Lock()
 """Held while a client is made (StoreLink._open): what sockets it opened is told apart by when they appeared."""
-_WATCH_S = 1.0  # how often the watchdog looks for unanswered operations (at most; op_timeout / 8 when shorter)
 
 
 class StoreRestarted(FtcoordError):
@@ -394,12 +393,24 @@ class StoreLink:
             self._watched[self._next_token] = (time.monotonic() + seconds, sockets, before)
             return self._next_token
 
+    def _until_due(self) -> float:
+        """How long the watchdog may sleep: until the earliest deadline it watches, op_timeout when it watches none.
+        Every call is watched for at least op_timeout from its start, so one that starts during the sleep is never
+        due before the sleep ends: the thread wakes only when a call may be overdue, not every second (at scale,
+        `chaos bench --scale`, a thread per process that woke every second for nothing was a sixth of the
+        wakeups of an idle participant)."""
+        with self._watch_lock:
+            earliest = min((deadline for deadline, _, _ in self._watched.values()), default=None)
+        if earliest is None:
+            return self.op_timeout
+        return min(self.op_timeout, max(0.0, earliest - time.monotonic()))
+
     def _unwatch(self, token: int) -> None:
         with self._watch_lock:
             self._watched.pop(token, None)
 
     def _watch(self) -> None:
-        while not self._closed.wait(min(_WATCH_S, self.op_timeout / 8)):
+        while not self._closed.wait(self._until_due()):
             now = time.monotonic()
             with self._watch_lock:
                 overdue = [(t, w) for t, w in self._watched.items() if w[0] <= now]

@@ -86,3 +86,44 @@ def test_a_replacement_started_during_a_stop_stops_too(store_server: StoreServer
     finally:
         for p in parts:
             p.close()
+
+
+# The helper watch looks every heartbeat_timeout in case; 30 s here, so only being told ends these in time.
+SLOW_BACKSTOP = Timing(heartbeat_interval=0.1, heartbeat_timeout=30.0, join_timeout=0.5, barrier_timeout=60.0)
+
+
+class BrokenStore:
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError("store connection lost")
+
+
+@pytest.mark.parametrize("helper", ["leader", "heartbeat"])
+def test_a_helper_thread_that_dies_tells_the_helper_watch_which_ends_the_process_at_once(
+    store_server: StoreServer, job_id: str, helper: str
+) -> None:
+    ended: list[str] = []
+    p = Participant(store_server.address, job_id, 0, QuorumPolicy(1), SLOW_BACKSTOP,
+                    on_helper_failure=ended.append).start()
+    try:
+        wait_until(lambda: p.heartbeat.beats >= 2 and p.leader.is_leader, 10, "slot 0 to beat and lead")
+        getattr(p, helper)._store = BrokenStore()
+        wait_until(lambda: ended, 5, f"the helper watch to hear that the {helper} thread died")
+        assert "store connection lost" in ended[0]
+    finally:
+        p.close(leaving=False)
+
+
+def test_a_superseded_incarnation_is_ended_as_soon_as_its_leader_duty_reads_the_newer_one(
+    store_server: StoreServer, job_id: str
+) -> None:
+    ended: list[str] = []
+    old = Participant(store_server.address, job_id, 0, QuorumPolicy(1), SLOW_BACKSTOP,
+                      on_helper_failure=ended.append).start()
+    new = Participant(store_server.address, job_id, 0, QuorumPolicy(1), SLOW_BACKSTOP,
+                      on_helper_failure=lambda reason: None).start()
+    try:
+        wait_until(lambda: ended, 5, "the old incarnation's helper watch to end it")
+        assert f"superseded by incarnation {new.incarnation}" in ended[0]
+    finally:
+        new.close(leaving=False)
+        old.close(leaving=False)

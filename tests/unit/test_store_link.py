@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, keys, pausepoints, rebuild
+from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, group_sockets, keys, pausepoints, rebuild
 from ftcoord.config import Timing
 from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
 from ftcoord.errors import StoreLost, Superseded
@@ -333,3 +333,36 @@ def test_clients_made_side_by_side_in_one_process_own_only_their_own_sockets(sto
     assert sessions == {0}, "a client's close cut another's connection (it had to reconnect)"
     for each in links:
         each.close()
+
+
+def test_the_watchdog_sleeps_until_a_call_may_be_overdue_and_cuts_it_on_time(
+        job_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle link's watchdog sleeps op_timeout (no call that starts meanwhile can be due sooner); one watching a
+    call sleeps until that call's deadline and cuts it then, not at the next of a fixed series of looks."""
+    cuts: list[float] = []
+    shut_down = group_sockets.shut_down
+
+    def timed_shut_down(record: dict[int, str]) -> int:
+        cuts.append(time.monotonic())
+        return shut_down(record)
+
+    monkeypatch.setattr(group_sockets, "shut_down", timed_shut_down)
+    server = StoreProcess.start("127.0.0.1", 0)
+    try:
+        hung = StoreLink(server.address, job_id, op_timeout=4.0, store_timeout=60.0, may_start_job=True)
+        client = hung.connect()
+        client.set("a", "1")
+        assert hung._until_due() == pytest.approx(4.0, abs=0.01)  # noqa: SLF001 - nothing watched
+        token = hung._watch_call(1.5, {}, {})  # noqa: SLF001
+        assert 1.3 < hung._until_due() <= 1.5  # noqa: SLF001
+        hung._unwatch(token)  # noqa: SLF001
+        server.process.send_signal(signal.SIGSTOP)
+        threading.Timer(6.0, lambda: server.process.send_signal(signal.SIGCONT)).start()
+        started = time.monotonic()
+        assert client.get("a") == b"1"  # cut at op_timeout, then reconnected once the server answers again
+        assert cuts, "the hung call was never cut"
+        assert 4.0 <= cuts[0] - started < 4.8, f"cut {cuts[0] - started:.2f}s after the call started (op_timeout 4 s)"
+        hung.close()
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        server.stop()
