@@ -37,6 +37,7 @@ from datetime import timedelta
 from typing import Any
 
 from chaos.bench_recovery import summary
+from chaos.scale_layout import freeze_startup_objects
 from ftcoord.server import StoreProcess
 from ftcoord.store import connect, get_or_none, read_int
 from ftcoord.store_main import raise_open_files
@@ -93,6 +94,7 @@ def worker(argv: list[str] | None = None) -> int:
     threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i,
                                                                    args.members),
                                 daemon=True) for i, c in enumerate(clients)]
+    freeze_startup_objects()
     for thread in threads:
         thread.start()
     print(json.dumps({"event": "ready"}), flush=True)

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 
+from chaos.scale_layout import freeze_startup_objects
 from ftcoord import keys
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                 reason=reason[:300]))
         participant.start()
         ranks.append(SimulatedRank(participant, args.step_s))
+    freeze_startup_objects()
     emit("started", first=args.first, count=args.count, start_s=round(time.monotonic() - started, 3),
          incarnations={r.p.slot: r.p.incarnation for r in ranks})
     for rank in ranks:
