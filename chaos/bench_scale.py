@@ -415,7 +415,7 @@ def parse_sizes(text: str) -> list[int]:
 def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generations: int | None = None) -> int:
     """Every size in `sizes`, then scale.json, scale.md and scale.png in `out`; exit 1 when a target is missed."""
     out.mkdir(parents=True, exist_ok=True)
-    repetitions = 3 if quick else 5
+    repetitions = 3 if quick else 10
     if generations is None:
         generations = 100 if quick else 1000
     results: list[dict[str, Any]] = []
