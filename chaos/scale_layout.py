@@ -9,14 +9,16 @@ The leader gets a process of its own, so does each of the two kill victims; the 
   several times over);
 - **tasks**: six threads per participant (heartbeat, leader duty, interrupt watch, helper watch, the store
   link's watchdog, the trainer), out of the kernel's pid_max and threads-max for the whole machine;
-- **CPU**: each simulated participant keeps ~0.3 ms of CPU a second busy at steady state (its threads waking
-  for ~3 store requests a second). A size whose participants would take more than half the machine's cores at
+- **CPU**: each simulated participant keeps ~0.25 ms of CPU a second busy at steady state (its threads waking
+  for ~3 store requests a second). A size whose participants would take more than 40% of the machine's cores at
   steady state alone is not run: its heartbeats would be late, and every figure would measure the machine.
   (4,096 were tried on 2 cores: ~24,000 threads, a load average of 1,500, 2,600 threads runnable at once, store
   connections timing out at 10 s, workers aborting; they never formed. Tried again once a participant's steady
   state cost half as much, at 58-75% of the cores by this estimate, and started a few workers at a time so that
   none aborted: the store, one thread among ~11,000, starved once ~1,600 had started, and no generation was
-  decided within barrier_timeout. 1,024, at 15-19%, runs.)
+  decided within barrier_timeout. A third time once it cost less again (0.24 ms a second, the helper watch told
+  rather than polling): 49% by this estimate, all workers at once; connections timed out at 10 s and a worker
+  aborted during start-up. 1,024, at 12-19%, runs.)
 - **the store's descriptors**: four connections per participant (the trainer's, the heartbeat's, the leader
   duty's, the interrupt watch's), out of the store's open-file limit (the hard limit: ftcoord-store raises
   its soft limit to it). A real rank has a fifth, for its process groups (ftcoord.wrapper); a simulated one
@@ -44,11 +46,12 @@ THREADS_PER_PARTICIPANT = 6
 CONNECTIONS_PER_PARTICIPANT = 4
 STORE_AND_DRIVER_MB = 1536  # the store process (torch too, plus a connection per client) and this driver
 HEADROOM = 0.9  # of the memory available: the page cache, the kernel's own share
-PARTICIPANT_CORES = 0.0003
-"""The CPU a simulated participant keeps busy at steady state, in cores, until a run measured it (0.28-0.37 ms per
+PARTICIPANT_CORES = 0.00025
+"""The CPU a simulated participant keeps busy at steady state, in cores, until a run measured it (0.24-0.25 ms per
 second at 1,024 here: its threads waking for ~3 store requests a second)."""
-CPU_SHARE = 0.5
-"""Of this machine's cores, what the simulated participants may keep busy at steady state."""
+CPU_SHARE = 0.4
+"""Of this machine's cores, what the simulated participants may keep busy at steady state: below the least that
+failed (49%, above), well above the most that ran (1,024 participants: 12-19%)."""
 
 
 class DoesNotFit(Exception):
