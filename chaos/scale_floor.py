@@ -11,10 +11,10 @@ poll, then writes a record of the size the swarm's was). Two variants, each over
 - `least`: wake, one request to be counted, wake: the least any protocol on a store must do;
 - `critical_path`: the requests on ftcoord's own critical path, in order: after the interrupt's wake the
   monitor's check and reason, the trainer's announcement (append) and count (add); after the record's wake
-  its check, the record, and the job's fatal key (nine requests, counting the two waits);
+  its check and the record (eight requests, counting the two waits);
 - `every_request`: the critical path, then the rest of what an advance costs a participant, as
-  `requests_per_advance` counts it (sixteen in all), from the same thread: the monitor's look at the probe and
-  its two reads of the stop key, the rendezvous (arrived, the member's address key), the status and a beat.
+  `requests_per_advance` counts it (fourteen in all), from the same thread: the monitor's look at the probe and
+  its read of the stop key, the rendezvous (arrived, the member's address key), the status and a beat.
 
 The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
 off-path requests cost; `every_request`, what its requests cost with no thread but one per participant; `least`
@@ -67,10 +67,8 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
         if variant != "least":
             store.check([record])
             get_or_none(store, record)
-            get_or_none(store, _key(variant, r, "fatal"))
         if variant == "every_request":
             store.check([_key(variant, r, "probe")])
-            get_or_none(store, "stop")
             get_or_none(store, "stop")
             store.add(_key(variant, r, "arrived"), 1)
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * 8 * members)

@@ -87,7 +87,8 @@ class GenerationClient:
                 self._log.info("generation_forgotten", generation=generation)
                 generation, previous = next_generation(self._store, max(generation, self.current())), None
                 continue
-            self._raise_if_failed()
+            # The fatal key is not read again here: a fatal error ends the running generation (the leader interrupts
+            # it), and the rejoin that follows finds the error in its first slice.
             if record.failed is not None:
                 raise QuorumTimeout(record.failed)
             rank = record.rank_of(self.slot, self.incarnation)

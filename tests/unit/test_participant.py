@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, keys
+from ftcoord.errors import JobFailed
+from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -83,6 +85,57 @@ def test_a_replacement_started_during_a_stop_stops_too(store_server: StoreServer
                                   on_helper_failure=ended.append).start()
         parts.append(replacement)
         wait_until(lambda: replacement.should_stop, 3, "the replacement to see the stop in progress")
+    finally:
+        for p in parts:
+            p.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_asked_after_another_reason_won_the_interrupt_stops_every_member_in_the_next_generation(
+        store_server: StoreServer, job_id: str) -> None:
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
+    try:
+        join_together(*parts)
+        parts[1].interrupt("exception:slot=1:RuntimeError")
+        wait_until(lambda: all(p.interrupted for p in parts), 5, "both to see the interrupt")
+        assert not parts[1].should_stop
+        parts[0].monitor.request_stop()  # too late to win generation 1's interrupt
+        wait_until(lambda: parts[0].should_stop, 5, "the stop to be carried to the store")
+        assert (parts[1].monitor.reason or "").startswith("exception")
+        join_together(*parts)
+        assert {p.generation for p in parts} == {2}
+        # Slot 1 heard of the stop only from the store: at the start of generation 2, which it interrupts.
+        wait_until(lambda: parts[1].should_stop, 5, "the stop to reach the member that missed it")
+        assert (get_or_none(parts[1].store, keys.interrupt(2)) or b"").startswith(b"stop")
+    finally:
+        for p in parts:
+            p.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_fatal_error_written_outside_the_generation_ends_it_and_every_member_fails_as_it_rejoins(
+        store_server: StoreServer, job_id: str) -> None:
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
+    try:
+        join_together(*parts)
+        outsider = parts[0].clone_store()  # a launcher's, or a rank's that is in no generation now
+        outsider.compare_set(keys.FATAL, "", "slot 7: FatalError: the dataset is gone")
+        wait_until(lambda: all(p.interrupted for p in parts), 5, "the leader to end the generation")
+        assert {p.monitor.reason for p in parts} == {"fatal"}
+        failures: list[BaseException] = []
+
+        def rejoin(p: Participant) -> None:
+            try:
+                p.join(0)
+            except JobFailed as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=rejoin, args=(p,), daemon=True) for p in parts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(failures) == 2 and all("the dataset is gone" in str(f) for f in failures)
     finally:
         for p in parts:
             p.close()

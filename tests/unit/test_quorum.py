@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from ftcoord.config import QuorumPolicy
 from ftcoord.quorum import choose_members
 from ftcoord.record import GenerationRecord, JoinRequest
@@ -50,3 +53,9 @@ def test_record_round_trips_through_json() -> None:
     assert again == record
     assert again.rank_of(2, 3) == 1 and again.rank_of(2, 2) is None
     assert again.was_considered(5, 1) and not again.was_considered(5, 2)
+
+
+def test_a_join_request_survives_its_json_with_every_field() -> None:
+    request = JoinRequest(generation=7, slot=3, incarnation=2, step=41)
+    assert JoinRequest.from_json(request.to_json()) == request
+    assert set(json.loads(request.to_json())) == {f.name for f in dataclasses.fields(JoinRequest)}
