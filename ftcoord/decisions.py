@@ -57,18 +57,27 @@ def current_generation(store: dist.Store) -> int:
     return generation
 
 
+_FORGOTTEN = keys.FORGOTTEN.encode()
+
+
 def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
     """The record of `generation`; None when it is not decided yet, or forgotten (keys.FORGOTTEN)."""
-    raw = get_or_none(store, keys.record(generation))
-    return GenerationRecord.from_json(raw) if raw and raw.decode() != keys.FORGOTTEN else None
+    return parse_record(get_or_none(store, keys.record(generation)))
+
+
+def parse_record(raw: bytes | None) -> GenerationRecord | None:
+    """A record key's value: the record; None for no value or a tombstone (keys.FORGOTTEN)."""
+    return GenerationRecord.from_json(raw) if raw and raw != _FORGOTTEN else None
 
 
 def is_forgotten(store: dist.Store, generation: int) -> bool:
     """The generation was decided long ago and its keys are gone: nobody may wait for it. Its tombstone, or no
     record at all while `gen/current` is past it (the tombstone too was deleted, TOMBSTONE_SPAN later)."""
-    raw = get_or_none(store, keys.record(generation))
-    if raw is not None:
-        return raw == keys.FORGOTTEN.encode()
+    # Looked at before it is read: a read of an absent key (a compare_set) wakes everyone waiting for that record.
+    if store.check([keys.record(generation)]):
+        raw = get_or_none(store, keys.record(generation))
+        if raw is not None:
+            return raw == _FORGOTTEN
     return int(get_or_none(store, keys.CURRENT) or 0) > generation
 
 

@@ -21,12 +21,12 @@ import torch.distributed as dist
 
 from ftcoord import keys, pausepoints, rebuild
 from ftcoord.config import Timing
-from ftcoord.decisions import current_generation, is_forgotten, next_generation, read_record
+from ftcoord.decisions import current_generation, is_forgotten, next_generation, parse_record, read_record
 from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import superseded
-from ftcoord.store import get_or_none, wait_for_key, wait_once
+from ftcoord.store import get_or_none, wait_for_key, wait_get
 from ftcoord.store_link import instance_number
 
 _LONGEST_SLICE_S = 2.0
@@ -110,7 +110,10 @@ class GenerationClient:
         return read_record(self._store, generation) if generation > 0 else None
 
     def interrupt(self, generation: int, reason: str) -> None:
-        """End a generation for every member (first reason wins)."""
+        """End a generation for every member (first reason wins). Never with an empty reason: a member's watch reads
+        an empty interrupt key as one not set (ftcoord.store.wait_get)."""
+        if not reason:
+            raise ValueError("a generation is interrupted with a reason (got an empty one)")
         self._store.compare_set(keys.interrupt(generation), "", reason)
         self._log.info("generation_interrupt_requested", generation=generation, reason=reason)
 
@@ -213,12 +216,11 @@ class GenerationClient:
         deadline: float | None = None
         slice_s = self._timing.heartbeat_interval
         while True:
-            if wait_once(self._store, key, slice_s):
-                record = self.record(generation)
-                if record is not None or is_forgotten(self._store, generation):
-                    return record
-            elif slice_s >= _LONGEST_SLICE_S and is_forgotten(self._store, generation):
-                return None  # paused through more than TOMBSTONE_SPAN generations: catch up
+            raw = wait_get(self._store, key, slice_s)  # a record is never empty: b"" is a wake that found none
+            if raw:
+                return parse_record(raw)  # None: a tombstone (decided and forgotten)
+            if (raw is not None or slice_s >= _LONGEST_SLICE_S) and is_forgotten(self._store, generation):
+                return None  # paused through more than TOMBSTONE_SPAN generations (or deleted as we woke): catch up
             # A long wait (a hot spare, a job forming) looks at the job's end less often: up to every
             # _LONGEST_SLICE_S, so thousands of waiting processes do not load the store (chaos bench --scale).
             slice_s = min(2 * slice_s, max(_LONGEST_SLICE_S, self._timing.heartbeat_interval))

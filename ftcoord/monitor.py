@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
-from ftcoord.store import get_or_none, wait_once
+from ftcoord.store import get_or_none, wait_get, wait_once
 
 
 def stale_stop(store: dist.Store) -> bytes | None:
@@ -144,8 +144,9 @@ class InterruptMonitor:
             self._stop_looked_in = generation
             if self._carry_stop(self._store, generation):
                 return
-        if wait_once(self._store, keys.interrupt(generation), self._slice_s):
-            reason = (get_or_none(self._store, keys.interrupt(generation)) or b"superseded").decode()
+        value = wait_get(self._store, keys.interrupt(generation), self._slice_s)  # never empty: GenerationClient
+        if value:
+            reason = value.decode()
         elif int(get_or_none(self._store, keys.CURRENT) or 0) > generation:
             reason = "superseded"  # decided past us while we were paused: its keys may be gone already
         else:

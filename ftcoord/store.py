@@ -139,6 +139,26 @@ def wait_for_key(store: dist.Store, key: str, timeout: float) -> bool:
             return True
 
 
+def wait_get(store: dist.Store, key: str, timeout: float) -> bytes | None:
+    """Wait up to `timeout` seconds for a key and read it: its value; None when the wait timed out; b"" when a wake
+    found the key absent (a compare_set that set nothing wakes every waiter: see wait_for_key; or the key was deleted
+    at once), so only for keys whose values are never empty. Two requests, TCPStore's get (a wait, then the read),
+    where wait_once and a read are three; and the read wakes nobody, as a compare_set of an absent key would (a wake
+    that every woken waiter answered by reading so would wake all the others again, without end)."""
+    within = getattr(store, "get_within", None)
+    try:
+        if within is not None:  # a LinkedStore
+            return within(key, timeout)
+        previous = store.timeout
+        store.set_timeout(timedelta(seconds=timeout))
+        try:
+            return store.get(key)
+        finally:
+            store.set_timeout(previous)
+    except dist.DistStoreError:
+        return None
+
+
 def wait_once(store: dist.Store, key: str, timeout: float) -> bool:
     """One store wait of up to `timeout` seconds; True when the key is there after it. Cheaper than wait_for_key
     for a long-lived waiter that waits again anyway: a wait that times out costs two requests (TCPStore cancels

@@ -62,6 +62,8 @@ _REQUESTS = {"get": 2, "multi_get": 2}
 """Requests the server handles per call, where more than one: TCPStore's get and multi_get wait for their keys
 first (measured with a 10 ms proxy: 2 round trips; add, check and compare_set 1; set and append 1 but no reply
 waited for)."""
+CLIENT_TIMEOUT = timedelta(seconds=300)
+"""How long a client's get and untimed wait wait for their keys (every call is bounded by the link's watchdog too)."""
 _OPENING = threading.Lock()
 """Held while a client is made (StoreLink._open): what sockets it opened is told apart by when they appeared."""
 
@@ -233,7 +235,7 @@ class StoreLink:
             finally:
                 self._unwatch(token)
             sockets = self._store_sockets(before)
-        raw.set_timeout(timedelta(seconds=300))
+        raw.set_timeout(CLIENT_TIMEOUT)
         view: dist.Store = dist.PrefixStore(f"{KEY_PREFIX}/{self.job_id}", raw) if prefixed else raw
         return _Connection(raw, view, sockets, self._session)
 
@@ -504,6 +506,24 @@ class LinkedStore:
 
     def get(self, key: str) -> bytes:
         return self._call("get", lambda s: s.get(key))
+
+    def get_within(self, key: str, timeout: float) -> bytes:
+        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then): TCPStore's get waits
+        with the client's timeout, set for this one call (one thread per client: nobody else's call sees it).
+        b"" when a wake found the key absent (see ftcoord.store.wait_get)."""
+
+        def timed_get(s: dist.Store) -> bytes:
+            s.set_timeout(timedelta(seconds=timeout))
+            try:
+                return s.get(key)
+            finally:
+                s.set_timeout(CLIENT_TIMEOUT)
+
+        try:
+            return self._call("get", timed_get, wait_s=timeout)
+        except dist.DistStoreError:
+            self.requests[(self._role(), "cancel_wait")] += 1
+            raise
 
     def add(self, key: str, amount: int) -> int:
         return self._call("add", lambda s: s.add(key, amount))

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ftcoord import ConfigError, PortInUse, StoreAddress, StoreServer, StoreUnavailable, connect, job_store, mark_dead
 from ftcoord.address import check_job_id
 from ftcoord.listen import bind_listen_socket
-from ftcoord.store import get_or_none, wait_for_key
+from ftcoord.store import get_or_none, wait_for_key, wait_get
 
 
 def free_port() -> int:
@@ -169,3 +169,26 @@ def test_a_wait_ends_only_when_its_key_exists(store_server: StoreServer, job_id:
     reader.set("gen/1/interrupt", "dead:slot=1")
     thread.join(10)
     assert found == [False, True]
+
+
+def test_wait_get_reads_a_key_once_it_exists_and_tells_a_timeout_from_an_empty_wake(
+        store_server: StoreServer, job_id: str) -> None:
+    """ftcoord.store.wait_get: the value; None when the wait timed out; b"" when a wake found the key absent (a
+    compare_set of an absent key wakes its waiters). The client's own timeout is what it was before."""
+    waiter, writer = job_store(connect(store_server.address), job_id), job_store(connect(store_server.address), job_id)
+    timeout_before = waiter.timeout
+    started = time.monotonic()
+    assert wait_get(waiter, "k", 0.3) is None
+    assert 0.25 <= time.monotonic() - started < 5 and waiter.timeout == timeout_before
+    found: list[bytes | None] = []
+    thread = threading.Thread(target=lambda: found.append(wait_get(waiter, "k", 10.0)))
+    thread.start()
+    wait_until_waiting = time.monotonic() + 0.3  # a wake before the wait is registered would be a timeout instead
+    while time.monotonic() < wait_until_waiting:
+        time.sleep(0.02)
+    get_or_none(writer, "k")  # sets nothing, wakes the waiter
+    thread.join(10)
+    assert found == [b""]
+    writer.set("k", "v")
+    assert wait_get(waiter, "k", 10.0) == b"v" and waiter.timeout == timeout_before
+
