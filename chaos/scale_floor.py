@@ -13,8 +13,9 @@ poll, then writes a record of the size the swarm's was). Two variants, each over
   and its read (TCPStore's get: two requests), the trainer's announcement (append) and count (add); its wait for
   the record and the read (six requests);
 - `every_request`: the critical path, then the rest of what an advance costs a participant, as
-  `requests_per_advance` counts it (twelve in all), from the same thread: the monitor's look at the probe and
-  its read of the stop key, the rendezvous (arrived, the member's address key), the status and a beat.
+  `requests_per_advance` counts it (twelve in all), from the same thread: the monitor's release (a wait and
+  a read of the probe key) and its read of the stop key, the rendezvous (arrived, the member's address key),
+  the status.
 
 The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
 off-path requests cost; `every_request`, what its requests cost with no thread but one per participant; `least`
@@ -68,12 +69,11 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
         else:
             store.get(record)
         if variant == "every_request":
-            store.check([_key(variant, r, "probe")])
+            store.get(_key(variant, r, "probe"))  # the monitor, released (ftcoord.monitor)
             get_or_none(store, "stop")
             store.add(_key(variant, r, "arrived"), 1)
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * 8 * members)
             store.set(f"floor/status/{slot}", status)
-            store.add(f"floor/hb/{slot}", 1)
         ends[r] = max(ends[r], time.monotonic())
 
 
@@ -128,6 +128,7 @@ def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: s
                                        f"within {timeout_s:.0f}s")
                 time.sleep(_POLL_S)
             store.set(_key(variant, r, "record"), record)
+            store.set(_key(variant, r, "probe"), "decided")  # as the leader releases the monitors
         ends = [0.0] * rounds
         for worker in workers:
             for _ in range(rounds):

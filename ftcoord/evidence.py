@@ -130,7 +130,7 @@ class Probe:
             self._asked = {g: t for g, t in self._asked.items() if g > generation - 4}
             self._asked[generation] = time.monotonic()
             self._store.compare_set(keys.interrupt(generation), "", "closed:probe")
-            self._store.set(keys.probe(generation), "")
+            self._store.set(keys.probe(generation), keys.PROBE_ASKED)
         return self._asked[generation]
     def wait_at_most(self, grace: float, tick: float) -> float:
         """How long the leader may sleep: until the newest question's grace ends, or a tick."""

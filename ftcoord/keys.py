@@ -19,9 +19,13 @@ INCIDENTS = "incidents"  # append-only JSON lines: what each generation change c
 
 
 def probe(generation: int) -> str:
-    """Set when a leader asks every live member of `generation` to beat now (ftcoord.evidence); also set once the
-    next generation is decided, which releases the members' monitors from waiting for it."""
+    """PROBE_ASKED when a leader asks every live member of `generation` to beat now (ftcoord.evidence); else
+    PROBE_RELEASED once the next generation is decided, which releases the members' monitors from waiting for it."""
     return f"gen/{generation}/probe"
+
+
+PROBE_ASKED = "beat"
+PROBE_RELEASED = "decided"  # not a question: a monitor that reads it does not have its heartbeat beat
 
 
 def status(slot: int) -> str:

@@ -455,7 +455,7 @@ class LeaderDuty:
                            spares=list(record.spares), partial=partial,
                            heal_source=record.heal_source, start_step=record.start_step)
         if current:  # the members of `current` may stop waiting for a question about it (ftcoord.monitor)
-            self._store.set(keys.probe(current), "")
+            self._store.compare_set(keys.probe(current), "", keys.PROBE_RELEASED)  # a question asked stays one
         self._forget_due = max(self._forget_due, record.generation - self.KEEP_GENERATIONS)
         self._open.pop(record.generation, None)
         return True

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
-from ftcoord.store import get_or_none, wait_get, wait_once
+from ftcoord.store import get_or_none, wait_get
 
 
 def stale_stop(store: dist.Store) -> bytes | None:
@@ -40,9 +40,11 @@ class InterruptMonitor:
     While the watched generation runs, the thread sits in one store wait on its interrupt key (slices of
     `slice_s`, 10 s at the defaults: a few requests per slice, whatever the job's size); when it fires, it
     waits on the generation's probe key (ftcoord.evidence) and has the heartbeat beat at once (`on_beat`)
-    when a leader asks, until the process watches a newer generation (the leader sets the probe key once
-    the next one is decided, which ends that wait). A leader asks by setting the interrupt, then the probe:
-    a member still in the generation, or already out of it, answers after the question, never before.
+    when a leader asks, until the process watches a newer generation (the leader sets the probe key to
+    keys.PROBE_RELEASED once the next one is decided, which ends that wait without a beat: at 1,024
+    participants, a beat and a status write each in the burst of record reads). A leader asks by setting the
+    interrupt, then the probe: a member still in the generation, or already out of it, answers after the
+    question, never before.
     A local stop request is carried to the store by the heartbeat thread (`carry_local_stop`); one made
     anywhere in the job interrupts the generation, so it is seen here at once (and looked for once at the
     start of each generation, in case another reason won that interrupt).
@@ -136,9 +138,11 @@ class InterruptMonitor:
             self._changed.clear()
             return
         if fired:
-            if wait_once(self._store, keys.probe(generation), self._slice_s):
+            asked = wait_get(self._store, keys.probe(generation), self._slice_s)
+            if asked:
                 self._answered = generation
-                self._on_beat()
+                if asked.decode() != keys.PROBE_RELEASED:  # a question (the release is not: no beat for it)
+                    self._on_beat()
             return
         if self._stop_looked_in != generation:  # once per generation: a later stop interrupts it
             self._stop_looked_in = generation

@@ -223,6 +223,32 @@ def test_a_decision_releases_the_monitors_of_the_generation_before(store_server:
             p.close()
 
 
+def test_the_release_after_a_decision_is_not_a_question(store_server: StoreServer, job_id: str) -> None:
+    """The leader's release of a generation's monitors (keys.PROBE_RELEASED) ends their wait without a beat: every
+    member beating as the next record is read was one more request each in that burst (chaos bench --scale). A
+    question asked first stays one (the release does not overwrite it) and is answered."""
+    store = job_store(connect(store_server.address), job_id)
+    heartbeat, monitor = _member(store_server, job_id, slot=4)
+    try:
+        for generation, asked in ((7, False), (8, True)):
+            monitor.watch(generation)
+            store.compare_set(keys.interrupt(generation), "", "rejoin:slot=1")
+            wait_until(lambda: monitor.fired, 5.0, "the interrupt")
+            before = int(store.add(keys.heartbeat(4), 0))
+            if asked:
+                Probe(store).ask(generation)
+            store.compare_set(keys.probe(generation), "", keys.PROBE_RELEASED)  # as the leader releases
+            wait_until(lambda g=generation: monitor._answered == g, 5.0, "the monitor out of its wait")
+            if asked:
+                wait_until(lambda b=before: int(store.add(keys.heartbeat(4), 0)) > b, 5.0, "an answer")
+            else:
+                time.sleep(0.3)  # a beat asked for would be in by now (they take milliseconds)
+                assert int(store.add(keys.heartbeat(4), 0)) == before, "the release was answered as a question"
+    finally:
+        monitor.stop()
+        heartbeat.stop()
+
+
 def test_leader_claim_round_trips() -> None:
     assert LeaderClaim.parse(b"3:2:7") == LeaderClaim(3, 2, 7)
     assert str(LeaderClaim.parse("3:released")) == "3:released"
