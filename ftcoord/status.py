@@ -226,7 +226,9 @@ def _recent(store: dist.Store, generation: int) -> list[dict[str, Any]]:
         record = read_record(store, g)
         if record is None:
             break
-        interrupt = get_or_none(store, keys.interrupt(g))
+        # Looked at first: reading the absent interrupt of a running generation (a compare_set) wakes every member's
+        # interrupt watch, a few requests each (ftcoord.store.wait_for_key).
+        interrupt = get_or_none(store, keys.interrupt(g)) if store.check([keys.interrupt(g)]) else None
         recent.append({"generation": g, "world_size": record.world_size, "members": list(record.members),
                        "failed": record.failed, "interrupted": interrupt.decode() if interrupt else None})
     return recent

@@ -14,6 +14,7 @@ from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.participant import Participant
+from ftcoord.record import GenerationRecord
 from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
@@ -247,6 +248,37 @@ def test_the_release_after_a_decision_is_not_a_question(store_server: StoreServe
     finally:
         monitor.stop()
         heartbeat.stop()
+
+
+def test_an_operator_reading_the_job_does_not_wake_its_members(store_server: StoreServer, job_id: str) -> None:
+    """`ftcoord status` shows whether each recent generation was interrupted. Read from the running generation's
+    absent interrupt key (a compare_set), that woke every member's interrupt watch at each refresh: a few requests
+    per member, a burst of thousands at scale. It looks first."""
+    from ftcoord.status import _recent
+    from ftcoord.store_link import StoreLink
+
+    store = job_store(connect(store_server.address), job_id)
+    store.compare_set(keys.record(7), "", GenerationRecord(generation=7, members=(0,), incarnations=(1,), leader=0,
+                                                           leader_term=1, target_world_size=1).to_json())
+    link = StoreLink(store_server.address, job_id)
+    watch = link.client()
+    monitor = InterruptMonitor(watch, 0, 1, slice_s=30.0)
+    try:
+        monitor.start()
+        monitor.watch(7)
+        wait_until(lambda: watch.requests[("monitor", "get")] >= 2, 5.0, "the monitor waiting on the interrupt")
+        time.sleep(0.1)
+        before = sum(watch.requests.values())
+        for _ in range(3):
+            assert _recent(store, 7)[0]["interrupted"] is None
+        time.sleep(0.3)  # a woken watch reads at once (milliseconds)
+        assert sum(watch.requests.values()) == before, dict(watch.requests)
+        store.compare_set(keys.interrupt(7), "", "test")
+        wait_until(lambda: monitor.fired, 5.0, "the interrupt")
+        assert _recent(store, 7)[0]["interrupted"] == "test"
+    finally:
+        monitor.stop()
+        link.close()
 
 
 def test_leader_claim_round_trips() -> None:
