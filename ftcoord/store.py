@@ -143,8 +143,8 @@ def wait_get(store: dist.Store, key: str, timeout: float) -> bytes | None:
     """Wait up to `timeout` seconds for a key and read it: its value; None when the wait timed out; b"" when a wake
     found the key absent (a compare_set that set nothing wakes every waiter: see wait_for_key; or the key was deleted
     at once), so only for keys whose values are never empty. Two requests, TCPStore's get (a wait, then the read),
-    where wait_once and a read are three; and the read wakes nobody, as a compare_set of an absent key would (a wake
-    that every woken waiter answered by reading so would wake all the others again, without end)."""
+    where wait_once and a read are three; and the read wakes nobody, as a compare_set of an absent key would (every
+    woken waiter reading so would wake the others again)."""
     within = getattr(store, "get_within", None)
     try:
         if within is not None:  # a LinkedStore

@@ -521,7 +521,8 @@ class LinkedStore:
 
         try:
             return self._call("get", timed_get, wait_s=timeout)
-        except dist.DistStoreError:
+        except dist.DistStoreError:  # the wait timed out and was cancelled: the read was never sent
+            self.requests[(self._role(), "get")] -= 1
             self.requests[(self._role(), "cancel_wait")] += 1
             raise
 
