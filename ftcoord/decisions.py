@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.store import get_or_none
+from ftcoord.store import get_if_present, get_or_none
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,9 @@ def parse_record(raw: bytes | None) -> GenerationRecord | None:
 def is_forgotten(store: dist.Store, generation: int) -> bool:
     """The generation was decided long ago and its keys are gone: nobody may wait for it. Its tombstone, or no
     record at all while `gen/current` is past it (the tombstone too was deleted, TOMBSTONE_SPAN later)."""
-    # Looked at before it is read: a read of an absent key (a compare_set) wakes everyone waiting for that record.
-    if store.check([keys.record(generation)]):
-        raw = get_or_none(store, keys.record(generation))
-        if raw is not None:
-            return raw == _FORGOTTEN
+    raw = get_if_present(store, keys.record(generation))  # members may be waiting for it: wake none of them
+    if raw is not None:
+        return raw == _FORGOTTEN
     return int(get_or_none(store, keys.CURRENT) or 0) > generation
 
 

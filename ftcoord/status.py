@@ -24,7 +24,7 @@ from ftcoord.decisions import LeaderClaim, current_generation, read_record
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.slot_report import Incident
 from ftcoord.slots import registered_slots
-from ftcoord.store import get_or_none
+from ftcoord.store import get_if_present, get_or_none
 
 RECENT_GENERATIONS = 4  # the leader forgets older ones (ftcoord.leader)
 SHOWN_INCIDENTS = 10
@@ -226,9 +226,9 @@ def _recent(store: dist.Store, generation: int) -> list[dict[str, Any]]:
         record = read_record(store, g)
         if record is None:
             break
-        # Looked at first: reading the absent interrupt of a running generation (a compare_set) wakes every member's
-        # interrupt watch, a few requests each (ftcoord.store.wait_for_key).
-        interrupt = get_or_none(store, keys.interrupt(g)) if store.check([keys.interrupt(g)]) else None
+        # Every member's interrupt watch waits on a running generation's interrupt: a plain read of it, absent, woke
+        # them all (a few requests each) at each refresh.
+        interrupt = get_if_present(store, keys.interrupt(g))
         recent.append({"generation": g, "world_size": record.world_size, "members": list(record.members),
                        "failed": record.failed, "interrupted": interrupt.decode() if interrupt else None})
     return recent

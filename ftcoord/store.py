@@ -139,22 +139,33 @@ def wait_for_key(store: dist.Store, key: str, timeout: float) -> bool:
             return True
 
 
+def get_if_present(store: dist.Store, key: str) -> bytes | None:
+    """get_or_none that wakes nobody: it looks (check) before it reads, since a read of an absent key (a compare_set)
+    wakes every waiter of that key (see wait_for_key). For keys others may wait on; two requests when present."""
+    return get_or_none(store, key) if store.check([key]) else None
+
+
+def timed_get(store: dist.Store, key: str, timeout: float) -> bytes:
+    """TCPStore's get (a wait for the key, then the read) with its wait ending after `timeout` seconds (DistStoreError
+    then): the client's own timeout, set for this one call and put back. One thread per client, so no other call
+    sees it."""
+    previous = store.timeout
+    store.set_timeout(timedelta(seconds=timeout))
+    try:
+        return store.get(key)
+    finally:
+        store.set_timeout(previous)
+
+
 def wait_get(store: dist.Store, key: str, timeout: float) -> bytes | None:
     """Wait up to `timeout` seconds for a key and read it: its value; None when the wait timed out; b"" when a wake
     found the key absent (a compare_set that set nothing wakes every waiter: see wait_for_key; or the key was deleted
     at once), so only for keys whose values are never empty. Two requests, TCPStore's get (a wait, then the read),
     where wait_once and a read are three; and the read wakes nobody, as a compare_set of an absent key would (every
     woken waiter reading so would wake the others again)."""
-    within = getattr(store, "get_within", None)
+    within = getattr(store, "get_within", None)  # a LinkedStore: through its reconnections, counted
     try:
-        if within is not None:  # a LinkedStore
-            return within(key, timeout)
-        previous = store.timeout
-        store.set_timeout(timedelta(seconds=timeout))
-        try:
-            return store.get(key)
-        finally:
-            store.set_timeout(previous)
+        return within(key, timeout) if within is not None else timed_get(store, key, timeout)
     except dist.DistStoreError:
         return None
 

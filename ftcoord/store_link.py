@@ -52,7 +52,7 @@ from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.env import STORE_INSTANCE_ENV, STORE_TIMEOUT_ENV
 from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
 from ftcoord.log import get_logger
-from ftcoord.store import KEY_PREFIX, get_or_none
+from ftcoord.store import KEY_PREFIX, get_or_none, timed_get
 
 T = TypeVar("T")
 
@@ -62,8 +62,6 @@ _REQUESTS = {"get": 2, "multi_get": 2}
 """Requests the server handles per call, where more than one: TCPStore's get and multi_get wait for their keys
 first (measured with a 10 ms proxy: 2 round trips; add, check and compare_set 1; set and append 1 but no reply
 waited for)."""
-CLIENT_TIMEOUT = timedelta(seconds=300)
-"""How long a client's get and untimed wait wait for their keys (every call is bounded by the link's watchdog too)."""
 _OPENING = threading.Lock()
 """Held while a client is made (StoreLink._open): what sockets it opened is told apart by when they appeared."""
 
@@ -235,7 +233,7 @@ class StoreLink:
             finally:
                 self._unwatch(token)
             sockets = self._store_sockets(before)
-        raw.set_timeout(CLIENT_TIMEOUT)
+        raw.set_timeout(timedelta(seconds=300))
         view: dist.Store = dist.PrefixStore(f"{KEY_PREFIX}/{self.job_id}", raw) if prefixed else raw
         return _Connection(raw, view, sockets, self._session)
 
@@ -508,19 +506,10 @@ class LinkedStore:
         return self._call("get", lambda s: s.get(key))
 
     def get_within(self, key: str, timeout: float) -> bytes:
-        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then): TCPStore's get waits
-        with the client's timeout, set for this one call (one thread per client: nobody else's call sees it).
+        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then; ftcoord.store.timed_get).
         b"" when a wake found the key absent (see ftcoord.store.wait_get)."""
-
-        def timed_get(s: dist.Store) -> bytes:
-            s.set_timeout(timedelta(seconds=timeout))
-            try:
-                return s.get(key)
-            finally:
-                s.set_timeout(CLIENT_TIMEOUT)
-
         try:
-            return self._call("get", timed_get, wait_s=timeout)
+            return self._call("get", lambda s: timed_get(s, key, timeout), wait_s=timeout)
         except dist.DistStoreError:  # the wait timed out and was cancelled: the read was never sent
             self.requests[(self._role(), "get")] -= 1
             self.requests[(self._role(), "cancel_wait")] += 1
