@@ -65,9 +65,23 @@ def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
     return parse_record(get_or_none(store, keys.record(generation)))
 
 
+_ENDED = keys.ENDED.encode()
+
+
 def parse_record(raw: bytes | None) -> GenerationRecord | None:
-    """A record key's value: the record; None for no value or a tombstone (keys.FORGOTTEN)."""
-    return GenerationRecord.from_json(raw) if raw and raw != _FORGOTTEN else None
+    """A record key's value: the record; None for no value, a tombstone (keys.FORGOTTEN) or the job's end
+    (keys.ENDED)."""
+    return GenerationRecord.from_json(raw) if raw and raw != _FORGOTTEN and raw != _ENDED else None
+
+
+def is_end(raw: bytes | None) -> bool:
+    """A record key's value says the job ended before this number (keys.ENDED)."""
+    return raw == _ENDED
+
+
+def mark_ended(store: dist.Store, generation: int) -> None:
+    """The job ended: wake everyone waiting for the record of `generation` (keys.ENDED), unless it was decided."""
+    store.compare_set(keys.record(generation), "", keys.ENDED)
 
 
 def is_forgotten(store: dist.Store, generation: int) -> bool:

@@ -30,11 +30,16 @@ class Cadence:
         self._urgent_since: float | None = None
 
     def note_record(self, record: GenerationRecord) -> None:
-        """The generation this process joined: a deputy is one of the two ranks after the leader's (everyone in a
-        generation of three or fewer, and a process outside it)."""
+        """The generation this process joined, or waits to follow: a deputy is one of the two ranks after the
+        leader's (everyone in a generation of three or fewer). A process outside it (a hot spare) is none: that
+        generation's deputies watch its leader, and the spare, which may wait for hours, looks rarely (every tick
+        while it joins): within issue 17's store budget (tests/unit/test_store_load.py)."""
         rank = record.rank_of(self._slot, self._incarnation)
+        if rank is None:
+            self.deputy = False
+            return
         leader = record.members.index(record.leader) if record.leader in record.members else 0
-        self.deputy = rank is None or record.world_size <= 3 or (rank - leader) % record.world_size in (1, 2)
+        self.deputy = record.world_size <= 3 or (rank - leader) % record.world_size in (1, 2)
 
     def hurry(self, urgent: bool) -> bool:
         """This process starts (True) or stops (False) waiting in a join or a finish; True when it should look at

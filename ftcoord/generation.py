@@ -16,28 +16,40 @@ the new epoch: the announcement it made is lost, and the number it waited for is
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
 from ftcoord import keys, pausepoints, rebuild
 from ftcoord.config import Timing
-from ftcoord.decisions import current_generation, is_forgotten, next_generation, parse_record, read_record
+from ftcoord.decisions import (
+    current_generation,
+    is_end,
+    is_forgotten,
+    mark_ended,
+    next_generation,
+    parse_record,
+    read_record,
+)
 from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import superseded
 from ftcoord.store import get_or_none, wait_for_key, wait_get
-from ftcoord.store_link import instance_number
+from ftcoord.store_link import StoreRestarted, instance_number
 
-_LONGEST_SLICE_S = 2.0
 _NEW_INSTANCE = object()  # _wait_record's answer when the store restarted meanwhile
 
 
 class GenerationClient:
     """The main thread's side of the protocol (on the main thread's own store client)."""
 
-    def __init__(self, store: dist.Store, slot: int, incarnation: int, timing: Timing) -> None:
+    def __init__(self, store: dist.Store, slot: int, incarnation: int, timing: Timing,
+                 on_waiting_after: Callable[[GenerationRecord], None] = lambda record: None) -> None:
+        """`on_waiting_after(record)`: this process waits for the generation after `record` (when it is not a member
+        of that one, it is a hot spare or a replacement: ftcoord.deputies)."""
         self._store = store
+        self._on_waiting_after = on_waiting_after
         self.slot = slot
         self.incarnation = incarnation
         self._timing = timing
@@ -74,6 +86,8 @@ class GenerationClient:
                 self.raise_if_superseded()  # a ghost neither interrupts nor announces, however long it waited
             fast = False
             self._interrupt_if_needed(previous)
+            if previous is not None:
+                self._on_waiting_after(previous)
             announced_in = instance_number(self._store)
             self._announce(generation, step)
             pausepoints.reached(pausepoints.JOIN_ANNOUNCED)
@@ -152,6 +166,7 @@ class GenerationClient:
             else:
                 store.set(keys.DONE, str(record.generation))
                 self._log.info("job_done", generation=record.generation)
+            mark_ended(store, next_generation(store, record.generation))  # a hot spare waits for that record
 
     def rebuild(self, store: dist.Store) -> None:
         """Tell a restarted store what this process knows of the job's end (ftcoord.rebuild)."""
@@ -205,8 +220,15 @@ class GenerationClient:
             self.interrupt(record.generation, f"grow:slot={self.slot}")
 
     def _wait_record(self, generation: int, announced_in: int) -> GenerationRecord | None | object:
-        """Wait for the record of `generation`, in slices (to notice the job ending); None when it was
-        decided and forgotten already (this process was paused meanwhile).
+        """Wait for the record of `generation`; None when it was decided and forgotten already (this process was
+        paused meanwhile), or its number was ended by an earlier run of this job.
+
+        What ends the wait is written where it waits: the record; keys.ENDED when the job ended (done, stopped or
+        failed: then this raises); a restarted store ends it too (the wait is pinned to the store instance it was
+        announced in). The rest is looked at between slices of the wait, which grow from heartbeat_interval to
+        two heartbeat timeouts: the job's end written by a process that died before it marked it, a generation
+        forgotten while this process was paused, no leader deciding. A hot spare waits so for hours at about one
+        request a second (it was four: issue 17's budget, chaos bench --scale).
 
         No deadline while the previous generation still runs (a hot spare may wait for
         hours); once it ended, a leader must decide within barrier_timeout plus the time
@@ -215,20 +237,23 @@ class GenerationClient:
         key = keys.record(generation)
         deadline: float | None = None
         slice_s = self._timing.heartbeat_interval
+        longest = max(2 * self._timing.heartbeat_timeout, slice_s)
         while True:
-            raw = wait_get(self._store, key, slice_s)  # a record is never empty: b"" is a wake that found none
+            try:  # a record is never empty: b"" is a wake that found none
+                raw = wait_get(self._store, key, slice_s, pinned=announced_in)
+            except StoreRestarted:
+                return _NEW_INSTANCE
+            if is_end(raw):
+                self._raise_if_ended(generation)
+                return None  # ended by an earlier run of this job (a stop, and this is its relaunch): catch up
             if raw:
                 return parse_record(raw)  # None: a tombstone (decided and forgotten)
-            if (raw is not None or slice_s >= _LONGEST_SLICE_S) and is_forgotten(self._store, generation):
+            if (raw is not None or slice_s >= longest) and is_forgotten(self._store, generation):
                 return None  # paused through more than TOMBSTONE_SPAN generations (or deleted as we woke): catch up
-            # A long wait (a hot spare, a job forming) looks at the job's end less often: up to every
-            # _LONGEST_SLICE_S, so thousands of waiting processes do not load the store (chaos bench --scale).
-            slice_s = min(2 * slice_s, max(_LONGEST_SLICE_S, self._timing.heartbeat_interval))
+            slice_s = min(2 * slice_s, longest)
             if instance_number(self._store) != announced_in:
                 return _NEW_INSTANCE
-            self._raise_if_failed()
-            if self.is_done() or self.is_stopped():
-                raise JobFinished(f"job finished while slot {self.slot} waited for generation {generation}")
+            self._raise_if_ended(generation)
             if deadline is None and self._previous_ended(generation):
                 t = self._timing
                 deadline = time.monotonic() + t.barrier_timeout + 2 * t.heartbeat_timeout + t.join_timeout
@@ -238,6 +263,12 @@ class GenerationClient:
                     f"{self._timing.barrier_timeout}s (+ heartbeat and join timeouts); is the "
                     f"store server healthy and are other processes of this job running?"
                 )
+
+    def _raise_if_ended(self, generation: int) -> None:
+        """JobFailed or JobFinished when the job ended (failed; done or stopped) while this process waited."""
+        self._raise_if_failed()
+        if self.is_done() or self.is_stopped():
+            raise JobFinished(f"job finished while slot {self.slot} waited for generation {generation}")
 
     def _previous_ended(self, generation: int) -> bool:
         previous = generation - 1

@@ -89,6 +89,14 @@ FORGOTTEN = "forgotten"
 """The tombstone an old generation's record becomes: the key stays, so compare_set(record, "", ...) of a
 leader that paused before writing it fails instead of writing the generation a second time."""
 
+ENDED = "ended"
+"""The record of the generation after the job's last one: the job ended (done, stopped or failed), and nothing will
+be decided under this number. Written with compare_set from absent, like a record, by whoever ends the job (the
+last member to finish; a leader that finds the job failed), so every process waiting for that record (a hot spare,
+a member rejoining after a fatal error) wakes at once, where it waits, instead of looking at the job's end after
+every slice of its wait (ftcoord.generation). A number whose record is ENDED counts as decided (gen/current walks
+over it), so a stopped job that is launched again decides the numbers after it."""
+
 
 def joiners(generation: int) -> str:
     """Append-only list of join announcements (JSON lines) for a generation."""

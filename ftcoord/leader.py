@@ -54,6 +54,7 @@ from ftcoord.decisions import (
     advance_current,
     current_generation,
     forget,
+    mark_ended,
     next_generation,
     read_announcements,
     read_record,
@@ -334,6 +335,7 @@ class LeaderDuty:
         if current == 0 or record is None or record.failed is not None or self._interrupted == current:
             # Generation `generation` may be decided: the current one ended (or never began).
             if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
+                mark_ended(self._store, generation)  # its joiners (members after a fatal error, spares) wake now
                 return True
             running = record is not None and record.failed is None and any(
                 m in facts and self._judge.alive(facts[m], i)

@@ -35,7 +35,9 @@ class Participant:
     Store load (issue 17, `chaos bench --scale`): at steady state a process sends about 3.5 requests per
     second whatever the job's size (a beat every interval; the leader's heartbeat watched every
     watch_interval; one wait per 2 heartbeat timeouts; progress and status at most every 10 intervals);
-    only the leader reads every slot, every tick.
+    only the leader reads every slot, every tick. A hot spare sends about 3 (its wait for the next record in
+    slices of two heartbeat timeouts, woken by the job's end: ftcoord.generation; the leader watched by the
+    generation's deputies, not by it: ftcoord.deputies).
 
     Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper adds one for
     its process groups); the one that lists the job in the store's index is closed once it did, so the store
@@ -84,7 +86,8 @@ class Participant:
         base.close()  # one connection fewer per process for the rest of its life (the store's descriptors, at scale)
         jobs.describe(self.store, self.timing)
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
-        self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing)
+        self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing,
+                                            on_waiting_after=lambda record: self.leader.note_record(record))
         self.report = SlotReport(self.slot)
         # The helper watch reads nothing itself: the leader duty reads this slot's newest incarnation every round,
         # and each helper tells it when that, or its own failure, is news (it looks every heartbeat_timeout too).

@@ -157,15 +157,16 @@ def timed_get(store: dist.Store, key: str, timeout: float) -> bytes:
         store.set_timeout(previous)
 
 
-def wait_get(store: dist.Store, key: str, timeout: float) -> bytes | None:
+def wait_get(store: dist.Store, key: str, timeout: float, pinned: int | None = None) -> bytes | None:
     """Wait up to `timeout` seconds for a key and read it: its value; None when the wait timed out; b"" when a wake
     found the key absent (a compare_set that set nothing wakes every waiter: see wait_for_key; or the key was deleted
     at once), so only for keys whose values are never empty. Two requests, TCPStore's get (a wait, then the read),
     where wait_once and a read are three; and the read wakes nobody, as a compare_set of an absent key would (every
-    woken waiter reading so would wake the others again)."""
+    woken waiter reading so would wake the others again). `pinned`: see LinkedStore.get_within (a plain client
+    knows no instances)."""
     within = getattr(store, "get_within", None)  # a LinkedStore: through its reconnections, counted
     try:
-        return within(key, timeout) if within is not None else timed_get(store, key, timeout)
+        return within(key, timeout, pinned=pinned) if within is not None else timed_get(store, key, timeout)
     except dist.DistStoreError:
         return None
 

@@ -505,11 +505,12 @@ class LinkedStore:
     def get(self, key: str) -> bytes:
         return self._call("get", lambda s: s.get(key))
 
-    def get_within(self, key: str, timeout: float) -> bytes:
+    def get_within(self, key: str, timeout: float, *, pinned: int | None = None) -> bytes:
         """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then; ftcoord.store.timed_get).
-        b"" when a wake found the key absent (see ftcoord.store.wait_get)."""
+        b"" when a wake found the key absent (see ftcoord.store.wait_get). `pinned`: raise StoreRestarted, rather than
+        wait on in a new instance, when the store restarts (a wait for what only the old instance would decide)."""
         try:
-            return self._call("get", lambda s: timed_get(s, key, timeout), wait_s=timeout)
+            return self._call("get", lambda s: timed_get(s, key, timeout), wait_s=timeout, pinned=pinned)
         except dist.DistStoreError:  # the wait timed out and was cancelled: the read was never sent
             self.requests[(self._role(), "get")] -= 1
             self.requests[(self._role(), "cancel_wait")] += 1

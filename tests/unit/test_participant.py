@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, keys
-from ftcoord.errors import JobFailed
+from ftcoord.errors import JobFailed, JobFinished
 from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
@@ -136,6 +137,54 @@ def test_a_fatal_error_written_outside_the_generation_ends_it_and_every_member_f
         for t in threads:
             t.join(10)
         assert len(failures) == 2 and all("the dataset is gone" in str(f) for f in failures)
+    finally:
+        for p in parts:
+            p.close()
+
+
+# Slices of a long wait for a record grow 1, 2, 4, 8 s... here: a spare in its fourth slice waits 8 s more.
+LONG_SLICES = Timing(heartbeat_interval=1.0, heartbeat_timeout=10.0, join_timeout=0.5, barrier_timeout=60.0)
+
+
+@pytest.mark.parametrize("end", ["done", "fatal"])
+def test_the_end_of_the_job_wakes_a_hot_spare_where_it_waits(store_server: StoreServer, job_id: str, end: str) -> None:
+    """A hot spare waits for the next record in slices of up to two heartbeat timeouts (issue 17's store budget);
+    it learns that the job ended from that record key at once (keys.ENDED: written by the last member to finish,
+    or by the leader that finds the job failed), not at the end of its slice (sabotage: either write removed, the
+    spare waited out its 8 s slice)."""
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), LONG_SLICES).start()
+             for slot in range(3)]
+    ended: dict[int, tuple[BaseException, float]] = {}
+
+    def join(p: Participant) -> None:
+        try:
+            p.join(0)
+        except (JobFailed, JobFinished) as exc:
+            ended[p.slot] = (exc, time.monotonic())
+
+    try:
+        join_together(*parts[:2])
+        spare = parts[2]
+        threading.Thread(target=join, args=(spare,), daemon=True).start()
+        assert spare.link is not None
+
+        timed_out = lambda: spare.link.requests()[("trainer", "cancel_wait")]  # noqa: E731 - slices that ran out
+        wait_until(lambda: timed_out() >= 3, 15, "the spare in the fourth slice of its wait (8 s long)")
+        assert spare.record is None
+        started = time.monotonic()
+        if end == "done":
+            finished = [threading.Thread(target=p.finish, daemon=True) for p in parts[:2]]
+            for t in finished:
+                t.start()
+        else:
+            parts[0].clone_store().compare_set(keys.FATAL, "", "slot 7: FatalError: the dataset is gone")
+            wait_until(lambda: all(p.interrupted for p in parts[:2]), 5, "the leader to end the generation")
+            for p in parts[:2]:
+                threading.Thread(target=join, args=(p,), daemon=True).start()
+        wait_until(lambda: spare.slot in ended, 6, "the spare to learn that the job ended")
+        exc, at = ended[spare.slot]
+        assert isinstance(exc, JobFinished if end == "done" else JobFailed), exc
+        assert at - started < 3.0, f"the spare learned of the end {at - started:.1f}s after it"
     finally:
         for p in parts:
             p.close()

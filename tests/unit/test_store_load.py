@@ -19,6 +19,7 @@ from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
 from ftcoord.store_link import StoreLink
 from tests.helpers.joining import join_together
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,3 +100,34 @@ def test_the_store_does_not_grow_with_generations(job_id: str) -> None:
     link.close()
     server.close()
     assert counts[last] == counts[TOMBSTONE_SPAN + 10], f"keys after each number of generations: {counts}"
+
+
+def test_a_hot_spare_waiting_for_its_turn_stays_within_the_budget_too(store_server: StoreServer, job_id: str) -> None:
+    """A hot spare waits for a record for as long as the job runs (hours). It sent ~8 requests a second, twice the
+    budget: it looked at the job's end (fatal, done, stopped) and at the running generation after every 2 s slice of
+    its wait, and at the leader as often as the leader's deputies. The job's end now wakes it where it waits
+    (keys.ENDED in the record it waits for), so its slices grow to two heartbeat timeouts and the rest is looked at
+    once per slice; and the generation's own deputies watch its leader (ftcoord.deputies)."""
+    timing = Timing()
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(3), timing).start() for slot in range(6)]
+    spares: list[Participant] = []
+    try:
+        join_together(*parts[:3], timeout=30)
+        for p in parts[3:]:
+            threading.Thread(target=p.join, args=(0,), daemon=True).start()
+        wait_until(lambda: all(p.generations.current() >= 1 for p in parts), 10, "generation 1")
+        time.sleep(3 * timing.heartbeat_interval)
+        spares = [p for p in parts if p.record is None]
+        assert len(spares) == 3, [p.generation for p in parts]
+        time.sleep(16.0)  # the spares' waits out of their first slices (0.5, 1, 2, 4 and 8 s)
+        before = [_requests(p) for p in spares]
+        started = time.monotonic()
+        time.sleep(20.0)
+        elapsed = time.monotonic() - started
+        spent = [(_requests(p) - b) for p, b in zip(spares, before, strict=True)]
+        rates = [round(sum(s.values()) / elapsed, 2) for s in spent]
+        budget = 2 / timing.heartbeat_interval
+        assert max(rates) <= budget, f"requests per second of each spare: {rates}; budget {budget}; {spent}"
+    finally:
+        for p in parts:
+            p.close()
