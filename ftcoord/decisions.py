@@ -79,6 +79,14 @@ def is_end(raw: bytes | None) -> bool:
     return raw == _ENDED
 
 
+def last_generation(store: dist.Store) -> int:
+    """The newest generation that ran (for an operator): current_generation, less the numbers the job's end took."""
+    generation = current_generation(store)
+    while generation > 0 and is_end(get_or_none(store, keys.record(generation))):  # present: a read wakes nobody
+        generation -= 1
+    return generation
+
+
 def mark_ended(store: dist.Store, generation: int) -> None:
     """The job ended: wake everyone waiting for the record of `generation` (keys.ENDED), unless it was decided."""
     store.compare_set(keys.record(generation), "", keys.ENDED)

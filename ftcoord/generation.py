@@ -11,6 +11,10 @@ interrupts anyone, so a ghost cannot interrupt every generation that lists its s
 
 A joiner that finds a restarted store (ftcoord.store_link) announces itself again, for the next number of
 the new epoch: the announcement it made is lost, and the number it waited for is never decided there.
+
+The job's end reaches a waiting process where it waits: the record it waits for becomes keys.ENDED (written by
+the last member to finish, and by a leader that finds the job done or failed), so a hot spare can wait in long
+slices, looking at little else, and still leave as soon as the job ends.
 """
 
 from __future__ import annotations

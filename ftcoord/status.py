@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ftcoord import jobs, keys
-from ftcoord.decisions import LeaderClaim, current_generation, read_record
+from ftcoord.decisions import LeaderClaim, is_end, last_generation, parse_record, read_record
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.slot_report import Incident
 from ftcoord.slots import registered_slots
@@ -135,7 +135,7 @@ class JobReader:
             self._read_timing()
         self.sample()
         store = self.store
-        generation = current_generation(store)
+        generation = last_generation(store)
         record = read_record(store, generation) if generation else None
         claim_raw = get_or_none(store, keys.LEADER)
         claim = LeaderClaim.parse(claim_raw) if claim_raw else None
@@ -223,7 +223,10 @@ def _job_state(store: dist.Store, record: Any) -> str:
 def _recent(store: dist.Store, generation: int) -> list[dict[str, Any]]:
     recent = []
     for g in range(generation, max(0, generation - RECENT_GENERATIONS), -1):
-        record = read_record(store, g)
+        raw = get_or_none(store, keys.record(g))
+        if is_end(raw):  # the end of an earlier run of this job (a stop, and this is its relaunch)
+            continue
+        record = parse_record(raw)
         if record is None:
             break
         # Every member's interrupt watch waits on a running generation's interrupt: a plain read of it, absent, woke

@@ -229,3 +229,27 @@ def test_a_superseded_incarnation_is_ended_as_soon_as_its_leader_duty_reads_the_
     finally:
         new.close(leaving=False)
         old.close(leaving=False)
+
+
+def test_a_finished_job_is_shown_with_its_last_generation_not_the_number_its_end_took(
+        store_server: StoreServer, job_id: str) -> None:
+    """The job's end takes the next number (keys.ENDED, so a waiting spare wakes); `ftcoord status` still shows the
+    generation that ran last, its members and its end."""
+    from ftcoord.status import JobReader
+
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
+    try:
+        join_together(*parts)
+        finished = [threading.Thread(target=p.finish, daemon=True) for p in parts]
+        for t in finished:
+            t.start()
+        for t in finished:
+            t.join(10)
+        store = parts[0].clone_store()
+        assert get_or_none(store, keys.record(2)) == keys.ENDED.encode()
+        view = JobReader(store, job_id).read()
+        assert (view.generation, view.members, view.state) == (1, [0, 1], "done")
+        assert [r["generation"] for r in view.recent] == [1]
+    finally:
+        for p in parts:
+            p.close()

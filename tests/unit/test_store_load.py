@@ -108,7 +108,7 @@ def test_a_hot_spare_waiting_for_its_turn_stays_within_the_budget_too(store_serv
     its wait, and at the leader as often as the leader's deputies. The job's end now wakes it where it waits
     (keys.ENDED in the record it waits for), so its slices grow to two heartbeat timeouts and the rest is looked at
     once per slice; and the generation's own deputies watch its leader (ftcoord.deputies)."""
-    timing = Timing()
+    timing = Timing(heartbeat_interval=0.25, heartbeat_timeout=2.5)  # the defaults halved: budget and rates double
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(3), timing).start() for slot in range(6)]
     spares: list[Participant] = []
     try:
@@ -119,10 +119,10 @@ def test_a_hot_spare_waiting_for_its_turn_stays_within_the_budget_too(store_serv
         time.sleep(3 * timing.heartbeat_interval)
         spares = [p for p in parts if p.record is None]
         assert len(spares) == 3, [p.generation for p in parts]
-        time.sleep(16.0)  # the spares' waits out of their first slices (0.5, 1, 2, 4 and 8 s)
+        time.sleep(8.0)  # the spares' waits out of their first slices (0.25, 0.5, 1, 2 and 4 s)
         before = [_requests(p) for p in spares]
         started = time.monotonic()
-        time.sleep(20.0)
+        time.sleep(10.0)  # two of their longest slices
         elapsed = time.monotonic() - started
         spent = [(_requests(p) - b) for p, b in zip(spares, before, strict=True)]
         rates = [round(sum(s.values()) / elapsed, 2) for s in spent]
