@@ -58,14 +58,12 @@ def current_generation(store: dist.Store) -> int:
 
 
 _FORGOTTEN = keys.FORGOTTEN.encode()
+_ENDED = keys.ENDED.encode()
 
 
 def read_record(store: dist.Store, generation: int) -> GenerationRecord | None:
     """The record of `generation`; None when it is not decided yet, or forgotten (keys.FORGOTTEN)."""
     return parse_record(get_or_none(store, keys.record(generation)))
-
-
-_ENDED = keys.ENDED.encode()
 
 
 def parse_record(raw: bytes | None) -> GenerationRecord | None:

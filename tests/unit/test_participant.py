@@ -168,8 +168,9 @@ def test_the_end_of_the_job_wakes_a_hot_spare_where_it_waits(store_server: Store
         threading.Thread(target=join, args=(spare,), daemon=True).start()
         assert spare.link is not None
 
-        timed_out = lambda: spare.link.requests()[("trainer", "cancel_wait")]  # noqa: E731 - slices that ran out
-        wait_until(lambda: timed_out() >= 3, 15, "the spare in the fourth slice of its wait (8 s long)")
+        link = spare.link
+        wait_until(lambda: link.requests()[("trainer", "cancel_wait")] >= 3, 15,  # three slices ran out
+                   "the spare in the fourth slice of its wait (8 s long)")
         assert spare.record is None
         started = time.monotonic()
         if end == "done":

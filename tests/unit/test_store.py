@@ -191,4 +191,3 @@ def test_wait_get_reads_a_key_once_it_exists_and_tells_a_timeout_from_an_empty_w
     assert found == [b""]
     writer.set("k", "v")
     assert wait_get(waiter, "k", 10.0) == b"v" and waiter.timeout == timeout_before
-

@@ -110,7 +110,6 @@ def test_a_hot_spare_waiting_for_its_turn_stays_within_the_budget_too(store_serv
     once per slice; and the generation's own deputies watch its leader (ftcoord.deputies)."""
     timing = Timing(heartbeat_interval=0.25, heartbeat_timeout=2.5)  # the defaults halved: budget and rates double
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(3), timing).start() for slot in range(6)]
-    spares: list[Participant] = []
     try:
         join_together(*parts[:3], timeout=30)
         for p in parts[3:]:
