@@ -255,10 +255,14 @@ class ChaosRunner:
         return True
 
     def _resume_stopped(self, now: float) -> None:
-        for due, pid in list(self._pending_conts):
+        """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a
+        leader paused already, such as a hot spare that won the first election: the shorter pause's SIGCONT cut the
+        longer one short, and the spare was neither fenced nor replaced)."""
+        for due, pid in sorted(self._pending_conts):
             if now >= due:
-                _signal(pid, signal.SIGCONT)
                 self._pending_conts.remove((due, pid))
+                if all(other != pid for _, other in self._pending_conts):
+                    _signal(pid, signal.SIGCONT)
 
 
 def _remove_flash_images(job_id: str) -> None:

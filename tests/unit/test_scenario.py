@@ -60,3 +60,38 @@ def test_cli_unknown_scenario_is_a_clear_error() -> None:
                             text=True, timeout=120)
     assert result.returncode == 2
     assert "no scenario 'no-such-scenario'" in result.stderr and "kill-boundary" in result.stderr
+
+
+def test_overlapping_pauses_of_one_process_end_with_the_last() -> None:
+    """Two pauses of one process overlap (a pause-leader of a leader paused already: a hot spare that won the first
+    election and was paused as the spare): it stays stopped until the longer one ends. The shorter one's SIGCONT
+    cut the longer short, so the spare was neither fenced nor replaced (test_pause_in_every_role, under load)."""
+    import os
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from chaos.run import ChaosRunner
+
+    def state(pid: int) -> str:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runner = SimpleNamespace(_pending_conts=[(100.0, child.pid), (106.0, child.pid)])
+        ChaosRunner._resume_stopped(runner, now=101.0)  # type: ignore[arg-type]
+        time.sleep(0.2)
+        assert state(child.pid) == "T", "the shorter pause's end resumed a process still paused by the longer"
+        ChaosRunner._resume_stopped(runner, now=106.0)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5
+        while state(child.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state(child.pid) != "T" and runner._pending_conts == []
+    finally:
+        child.kill()
+        child.wait(10)
