@@ -390,8 +390,8 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
 
 def _settled_key_count(store: Any, within_s: float = 5.0) -> int:
     """The store's key count once it stopped changing: a generation's members write their rendezvous keys just
-    after they joined and the leader forgets an old generation a round later, so a count taken at once depends on
-    the moment (up to one generation's keys: N + a few)."""
+    after they joined and the leader forgets an old generation once they all arrived (ftcoord.forgetting), so a
+    count taken at once depends on the moment (up to one generation's keys: N + a few)."""
     deadline = time.monotonic() + within_s
     seen = [store.num_keys()]
     while time.monotonic() < deadline and not (len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]):

@@ -7,13 +7,15 @@ absent when its generation is forgotten; `gen/current` only moves forward; a cla
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.store import get_if_present, get_or_none
+from ftcoord.store import get_if_present, get_or_none, read_int
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,24 @@ def read_announcements(store: dist.Store, generation: int) -> tuple[list[JoinReq
         if join.slot not in newest or join.incarnation >= newest[join.slot].incarnation:
             newest[join.slot] = join
     return list(newest.values()), len(lines)
+
+
+def await_announcements(store: dist.Store, generation: int, expecting: int, until: float, stop: threading.Event,
+                        poll_s: float, stall_s: float | None = None) -> bool:
+    """Poll a generation's join counter (one small request every `poll_s`, by the leader only: no key per joiner, so
+    the store holds a fixed number of keys per generation whatever the job's size) until `expecting` announcements
+    were made (True), the monotonic time `until`, `stop` is set, or, with `stall_s`, the count stood still that
+    long (False)."""
+    seen, changed = -1, time.monotonic()
+    while not stop.wait(poll_s) and time.monotonic() < until:
+        count = read_int(store, keys.join_count(generation))
+        if count >= expecting:
+            return True
+        if count != seen:
+            seen, changed = count, time.monotonic()
+        elif stall_s is not None and time.monotonic() - changed >= stall_s:
+            return False
+    return False
 
 
 TOMBSTONE_SPAN = 64

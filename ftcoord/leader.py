@@ -29,7 +29,8 @@ per tick, with its claim and the slot list); a follower reads the leader's claim
 incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies. The
 judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store wait on its
 interrupt (woken at once); an open one's polls the join counter (no key per joiner) and decides as soon
-as everyone it waits for has announced itself; old generations are forgotten the round after a decision.
+as everyone it waits for has announced itself; old generations are forgotten once the members of the newest
+have met at its rendezvous (ftcoord.forgetting).
 Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
 
 Across a store restart (ftcoord.store_link, ftcoord.rebuild): a round's record is written only into the
@@ -44,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch.distributed as dist
 
@@ -52,30 +54,31 @@ from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.decisions import (
     LeaderClaim,
     advance_current,
+    await_announcements,
     current_generation,
-    forget,
     mark_ended,
     next_generation,
     read_announcements,
     read_record,
 )
 from ftcoord.deputies import Cadence
+from ftcoord.forgetting import ForgetSchedule
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
-from ftcoord.quorum import choose_members
-from ftcoord.readiness import OpenClock, readiness
+from ftcoord.monitor import stale_stop
+from ftcoord.proposal import Proposer
+from ftcoord.readiness import OpenClock
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts, parse_slots, read_facts_and
-from ftcoord.store import get_or_none, read_int, wait_once
+from ftcoord.store import get_or_none, woken
 from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
 
 _JOIN_POLL_S = 0.005  # how often the leader reads the join counter while a generation is open
+_STALL_S = _JOIN_POLL_S  # a rejoin whose announcements stood still between two reads is judged afresh (_follow_rejoin)
 
 
 class LeaderDuty:
     """Background thread: hold or take the leadership, and when leading, do its work."""
-
-    KEEP_GENERATIONS = 4
 
     def __init__(
         self,
@@ -107,7 +110,7 @@ class LeaderDuty:
         self._records: dict[int, GenerationRecord | None] = {}  # the last records read (immutable once written)
         self._interrupted: int | None = None  # a generation this leader saw interrupted
         self._quiet: int | None = None  # the generation its last wait found running
-        self._forget_due = 0  # the newest generation old enough to forget, once there is time
+        self._forgetting = ForgetSchedule(timing.heartbeat_timeout)
         self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.generation)
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
@@ -318,10 +321,8 @@ class LeaderDuty:
 
     def _lead_once(self, read_at: float, facts: dict[int, SlotFacts]) -> bool:
         """One round of the leader's duties; True when the job ended (done or fatal)."""
-        if self._forget_due:  # the round after a decision, not the one that makes it (its members read it now)
-            forget(self._store, self._forget_due)
-            self._forget_due = 0
         current = current_generation(self._store)
+        self._forgetting.run(self._store, current if current == self._quiet else None)  # running at the last look
         record = self._record(current)
         if current and current not in (self._interrupted, self._quiet):  # known from the last wait, else looked at
             if self._store.check([keys.interrupt(current)]):
@@ -333,17 +334,7 @@ class LeaderDuty:
 
         generation = next_generation(self._store, current)
         if current == 0 or record is None or record.failed is not None or self._interrupted == current:
-            # Generation `generation` may be decided: the current one ended (or never began).
-            if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
-                mark_ended(self._store, generation)  # its joiners (members after a fatal error, spares) wake now
-                return True
-            running = record is not None and record.failed is None and any(
-                m in facts and self._judge.alive(facts[m], i)
-                for m, i in zip(record.members, record.incarnations, strict=True))
-            if self._maybe_decide(generation, facts, read_at, running, record, current):
-                return False  # decided: look again at once
-            self._await_joiners(generation, self._expecting)
-            return False
+            return self._open_next(generation, facts, read_at, record, current)
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so
         # its members hear of the error when they rejoin (the leader decides nothing more), whoever wrote it: one
         # outside this generation cannot interrupt it itself. So a joiner need not read the fatal key after every
@@ -354,11 +345,44 @@ class LeaderDuty:
             self._log.error("generation_interrupted_by_fatal", generation=current)
             return False
         # Sleep until the generation is interrupted, or a tick passes (to judge silences).
-        if wait_once(self._store, keys.interrupt(current), self._timing.tick):
-            self._interrupted = current
-        else:
+        if not woken(self._store, keys.interrupt(current), self._timing.tick):
             self._quiet = current  # not interrupted a moment ago: the next round need not look again
+            return False
+        return self._follow_rejoin(generation, facts, read_at, record, current)
+
+    def _open_next(self, generation: int, facts: dict[int, SlotFacts], read_at: float,
+                   record: GenerationRecord | None, current: int, fresh: bool = True) -> bool:
+        """Generation `generation` may be decided: the current one ended (or never began). True when the job ended.
+        `fresh`: this round's reads are from after the current generation ended (else, from before)."""
+        if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
+            mark_ended(self._store, generation)  # its joiners (members after a fatal error, spares) wake now
+            return True
+        running = record is not None and record.failed is None and any(
+            m in facts and self._judge.alive(facts[m], i)
+            for m, i in zip(record.members, record.incarnations, strict=True))
+        if self._maybe_decide(generation, facts, read_at, running, record, current, fresh):
+            return False  # decided: look again at once
+        if self._await_joiners(generation, self._expecting) and not self._paused_since(read_at):
+            # Everyone it waited for announced: decide on what this round read (a tick old at most), rather than
+            # read every slot again first (at 1,024 participants, ~40 ms on the critical path: issue 17).
+            self._maybe_decide(generation, facts, read_at, running, record, current, fresh=False)
         return False
+
+    def _follow_rejoin(self, generation: int, facts: dict[int, SlotFacts], read_at: float,
+                       record: GenerationRecord | None, current: int) -> bool:
+        """The wait on the running generation's interrupt was woken: its members are rejoining, every one of them
+        sending requests to the store at once. The leader sends as few as it can meanwhile (at 1,024 participants
+        each of its requests waited up to 90 ms in the store's queue): it polls the join counter until every live
+        slot it read this round announced itself, then confirms the interrupt and decides on this round's reads.
+        When they do not all come (one died meanwhile: its dead mark is newer than this round's reads), or stop
+        coming for a moment, it confirms the interrupt and judges afresh in a new round."""
+        alive = sum(1 for fact in facts.values() if self._judge.alive(fact))
+        everyone = not self._paused_since(read_at) and self._await_joiners(generation, alive, stall_s=_STALL_S)
+        if not self._store.check([keys.interrupt(current)]):
+            self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.wait_for_key)
+            return False
+        self._interrupted = current
+        return self._open_next(generation, facts, read_at, record, current, fresh=False) if everyone else False
 
     def _record(self, generation: int) -> GenerationRecord | None:
         """A decided generation's record, read once (records never change)."""
@@ -370,63 +394,42 @@ class LeaderDuty:
             self._records[generation] = record
         return self._records[generation]
 
-    def _await_joiners(self, generation: int, expecting: int) -> None:
-        """Poll the join counter of an open generation (one small request every few milliseconds, by the leader
-        only) until `expecting` have announced themselves (everyone the last round waited for; then it decides
-        at once), a probe's grace ends, or a tick passes (a new round looks at who is alive and at the last
-        call). One round per tick however many arrive meanwhile; no key per joiner: the store holds a fixed
-        number of keys per generation whatever the job's size."""
-        deadline = time.monotonic() + self._judge.probe.wait_at_most(self._timing.probe_grace, self._timing.tick)
-        while not self._stop.wait(_JOIN_POLL_S) and time.monotonic() < deadline:
-            if read_int(self._store, keys.join_count(generation)) >= expecting:
-                return
+    def _await_joiners(self, generation: int, expecting: int, stall_s: float | None = None) -> bool:
+        """Poll the join counter until `expecting` have announced themselves (True: everyone the last round waited
+        for; it decides at once), a probe's grace ends, or a tick passes (a new round looks at who is alive and at
+        the last call); see ftcoord.decisions.await_announcements."""
+        until = time.monotonic() + self._judge.probe.wait_at_most(self._timing.probe_grace, self._timing.tick)
+        return await_announcements(self._store, generation, expecting, until, self._stop, _JOIN_POLL_S, stall_s)
+
+    def _paused_since(self, read_at: float) -> bool:
+        """This round's reads are too old to act on: the thread was paused (or the store stalled) since."""
+        return time.monotonic() - read_at > self._timing.heartbeat_timeout / 2
 
     def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
-                      previous: GenerationRecord | None, current: int) -> bool:
+                      previous: GenerationRecord | None, current: int, fresh: bool = True) -> bool:
+        """Decide `generation` when it is time (ftcoord.proposal): True when decided, or deposed meanwhile."""
         joins, announced = read_announcements(self._store, generation)
-        live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
-                and self._judge.alive(facts[j.slot])]
         now = time.monotonic()
         clock = self._open.setdefault(generation, OpenClock(now, now))
-        ready = readiness(live, announced, facts, clock, now, self._judge, previous, running, self._policy,
-                          self._timing)
-        self._expecting = ready.expecting
-        if not ready.decide:
+        proposer = Proposer(self._slot, self._term, self._policy, self._timing)
+        proposal = proposer.propose(generation, joins, announced, facts, read_at, clock, now, self._judge, previous,
+                                    running, fresh)
+        self._expecting = proposal.ready.expecting
+        record = proposal.record
+        if record is None:
             return False
-        decision = choose_members(live, self._policy)
-        if decision is None:
-            if now - clock.first_seen < self._timing.barrier_timeout:
-                return False
-            reason = (
-                f"only {len(live)} live process(es) joined generation {generation} within "
-                f"barrier_timeout={self._timing.barrier_timeout}s; min_world_size is "
-                f"{self._policy.min_world_size}; start more processes or lower min_world_size"
-            )
-            return self._write(self._failed_record(generation, reason, read_at), current)
-        members = decision.members
-        record = GenerationRecord(
-            generation=generation,
-            members=tuple(j.slot for j in members),
-            incarnations=tuple(j.incarnation for j in members),
-            leader=self._slot,
-            leader_term=self._claim.term if self._claim else 0,
-            target_world_size=self._policy.target_world_size,
-            heal_source=decision.heal_source,
-            start_step=max((j.step for j in members), default=-1),
-            spares=tuple(j.slot for j in decision.spares),
-            considered=tuple(sorted((j.slot, j.incarnation) for j in live)),
-            liveness_read_at=read_at,
-            steps=tuple(j.step for j in members),
-        )
-        return self._write(record, current, partial=not ready.everyone)
+        if record.failed is None and self._stop_asked():
+            record = replace(record, stop=True)
+        return self._write(record, current, partial=not proposal.ready.everyone)
 
-    def _failed_record(self, generation: int, reason: str, read_at: float) -> GenerationRecord:
-        return GenerationRecord(
-            generation=generation, members=(), incarnations=(), leader=self._slot,
-            leader_term=self._claim.term if self._claim else 0,
-            target_world_size=self._policy.target_world_size, liveness_read_at=read_at,
-            failed=reason,
-        )
+    def _stop_asked(self) -> bool:
+        """A stop was asked anywhere in the job (SIGTERM to a rank), in this run: the generation being decided carries
+        it (GenerationRecord.stop), so its members stop together at its first boundary, though the stop's own
+        interrupt may have lost to another reason. One read per decision, where each member read the stop at the
+        start of every generation (issue 17); a stop asked after this read is carried into the next generation by
+        the process that asked (ftcoord.monitor)."""
+        stop = get_or_none(self._store, keys.STOP)
+        return stop is not None and stale_stop(self._store) != stop  # not the stop of an earlier run of this job
 
     def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:
         text = record.to_json()
@@ -455,9 +458,9 @@ class LeaderDuty:
             self._log.info("generation_decided", generation=record.generation,
                            members=list(record.members), world_size=record.world_size,
                            spares=list(record.spares), partial=partial,
-                           heal_source=record.heal_source, start_step=record.start_step)
+                           heal_source=record.heal_source, start_step=record.start_step, stop=record.stop)
         if current:  # the members of `current` may stop waiting for a question about it (ftcoord.monitor)
             self._store.compare_set(keys.probe(current), "", keys.PROBE_RELEASED)  # a question asked stays one
-        self._forget_due = max(self._forget_due, record.generation - self.KEEP_GENERATIONS)
+        self._forgetting.decided(record.generation)
         self._open.pop(record.generation, None)
         return True

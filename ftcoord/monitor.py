@@ -3,7 +3,10 @@
 The training thread only reads local flags at each step boundary (`interrupted`,
 `should_stop`), so the steady-state step does no store operation at all. The same thread
 carries a stop request (SIGTERM) to the whole job: the first process asked to stop writes
-the `stop` key and interrupts the generation, so every member stops at the same step.
+the `stop` key and interrupts the generation, so every member stops at the same step. When another
+reason won that interrupt, the next generation's record carries the stop (its leader looks for one as
+it decides it), or, when the stop was asked after that look, the process that asked interrupts that
+generation and the next one carries it; the members read nothing for it.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ class InterruptMonitor:
     interrupt, then the probe: a member still in the generation, or already out of it, answers after the
     question, never before.
     A local stop request is carried to the store by the heartbeat thread (`carry_local_stop`); one made
-    anywhere in the job interrupts the generation, so it is seen here at once (and looked for once at the
-    start of each generation, in case another reason won that interrupt).
+    anywhere in the job interrupts the generation, so it is seen here at once (or in the next generation, when
+    another reason won that interrupt: see the module docstring).
     """
 
     def __init__(self, store: dist.Store, slot: int, incarnation: int, slice_s: float = 10.0,
@@ -63,7 +66,7 @@ class InterruptMonitor:
         self._lock = threading.Lock()
         self._generation: int | None = None
         self._answered: int | None = None  # the generation whose probe this process answered
-        self._stop_looked_in: int | None = None  # the generation at whose start a job-wide stop was looked for
+        self._stop_carried_in: int | None = None  # the newest generation this process's own stop interrupted
         self._fired = threading.Event()
         self._changed = threading.Event()  # a new generation to watch, or stop
         self._stop = threading.Event()
@@ -91,12 +94,16 @@ class InterruptMonitor:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(2.0 if close is not None else self._slice_s + 2.0)
 
-    def watch(self, generation: int) -> None:
-        """Switch to a new generation (clears the interrupt flag)."""
+    def watch(self, generation: int, stopping: bool = False) -> None:
+        """Switch to a new generation (clears the interrupt flag); `stopping`: its record carries a stop (its members
+        stop at its first boundary)."""
         with self._lock:
             self._generation = generation
             self._fired.clear()
             self.reason = None
+            if stopping:
+                self._stop_carried_in = generation  # every member knows: nothing to interrupt
+                self.stop_requested.set()
         self._changed.set()
 
     def request_stop(self) -> None:
@@ -144,10 +151,11 @@ class InterruptMonitor:
                 if asked.decode() != keys.PROBE_RELEASED:  # a question (the release is not: no beat for it)
                     self._on_beat()
             return
-        if self._stop_looked_in != generation:  # once per generation: a later stop interrupts it
-            self._stop_looked_in = generation
-            if self._carry_stop(self._store, generation):
-                return
+        if self._local_stop.is_set() and self._stop_carried_in != generation:
+            # This process asked for a stop, and this generation's record does not carry it (asked after its leader
+            # looked: ftcoord.leader): it ends the generation, and the next one carries the stop.
+            self._stop_carried_in = generation
+            self._store.compare_set(keys.interrupt(generation), "", f"stop:slot={self._slot}")
         value = wait_get(self._store, keys.interrupt(generation), self._slice_s)  # never empty: GenerationClient
         if value:
             reason = value.decode()
@@ -163,10 +171,11 @@ class InterruptMonitor:
         self._log.info("generation_interrupted", generation=generation, reason=reason)
         if reason.startswith("stop"):
             self.stop_requested.set()
-        # A stop asked while another reason won this interrupt is looked for once the next generation is watched
-        # (`_stop_looked_in`), and interrupts that one: every member stops at the same step, a generation later.
-        # Not read here as well: one request per member per advance fewer (chaos bench --scale), and a read here
-        # could not replace that one (the stop may be asked after it).
+        # A stop asked while another reason won this interrupt reaches the members with the next generation's record
+        # (its leader looks for a stop as it decides it: GenerationRecord.stop), or, asked after that look, by the
+        # process that asked interrupting that generation (then the one after carries it). Every member stops at the
+        # same step, and reads nothing here or at the start of a generation for it (it read the stop once per
+        # generation: one request per member per advance, issue 17).
 
     def carry_local_stop(self, store: dist.Store) -> None:
         """Publish a local stop request (the heartbeat thread calls this before each beat, on its own client)."""

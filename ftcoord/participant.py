@@ -161,7 +161,7 @@ class Participant:
             record = self.generations.join(step, after=rejoining)
         self.record = record
         self.leader.note_record(record)
-        self.monitor.watch(record.generation)
+        self.monitor.watch(record.generation, stopping=record.stop)
         return record
 
     @property

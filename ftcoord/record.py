@@ -69,6 +69,9 @@ class GenerationRecord:
     """Set instead of members when too few joined by barrier_timeout: why."""
     steps: tuple[int, ...] = field(default=())
     """The step each member announced, parallel to members."""
+    stop: bool = False
+    """A stop (keys.STOP) was asked when this generation was decided: its members stop at its first boundary,
+    together (ftcoord.monitor)."""
 
     @property
     def world_size(self) -> int:

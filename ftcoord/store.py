@@ -161,9 +161,9 @@ def wait_get(store: dist.Store, key: str, timeout: float, pinned: int | None = N
     """Wait up to `timeout` seconds for a key and read it: its value; None when the wait timed out; b"" when a wake
     found the key absent (a compare_set that set nothing wakes every waiter: see wait_for_key; or the key was deleted
     at once), so only for keys whose values are never empty. Two requests, TCPStore's get (a wait, then the read),
-    where wait_once and a read are three; and the read wakes nobody, as a compare_set of an absent key would (every
-    woken waiter reading so would wake the others again). `pinned`: see LinkedStore.get_within (a plain client
-    knows no instances)."""
+    where a wait, a check and a read are three; and the read wakes nobody, as a compare_set of an absent key would
+    (every woken waiter reading so would wake the others again). `pinned`: see LinkedStore.get_within (a plain
+    client knows no instances)."""
     within = getattr(store, "get_within", None)  # a LinkedStore: through its reconnections, counted
     try:
         return within(key, timeout, pinned=pinned) if within is not None else timed_get(store, key, timeout)
@@ -171,12 +171,12 @@ def wait_get(store: dist.Store, key: str, timeout: float, pinned: int | None = N
         return None
 
 
-def wait_once(store: dist.Store, key: str, timeout: float) -> bool:
-    """One store wait of up to `timeout` seconds; True when the key is there after it. Cheaper than wait_for_key
-    for a long-lived waiter that waits again anyway: a wait that times out costs two requests (TCPStore cancels
-    it), and no third to look at the key; a wake without the key (a compare_set that set nothing) is False."""
+def woken(store: dist.Store, key: str, timeout: float) -> bool:
+    """One store wait of up to `timeout` seconds and no request after it: True when it was woken, False when it timed
+    out. A wake does not prove the key exists (a compare_set that set nothing wakes too: see wait_for_key); for a
+    waiter that acts on a wake at once, and looks at the key later (two requests when it times out, one when woken)."""
     try:
         store.wait([key], timedelta(seconds=timeout))
     except dist.DistStoreError:
         return False
-    return bool(store.check([key]))
+    return True

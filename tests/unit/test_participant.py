@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, keys
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, keys, pausepoints
 from ftcoord.errors import JobFailed, JobFinished
 from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
@@ -105,10 +105,74 @@ def test_a_stop_asked_after_another_reason_won_the_interrupt_stops_every_member_
         assert (parts[1].monitor.reason or "").startswith("exception")
         join_together(*parts)
         assert {p.generation for p in parts} == {2}
-        # Slot 1 heard of the stop only from the store: at the start of generation 2, which it interrupts.
-        wait_until(lambda: parts[1].should_stop, 5, "the stop to reach the member that missed it")
-        assert (get_or_none(parts[1].store, keys.interrupt(2)) or b"").startswith(b"stop")
+        # Slot 1 heard of the stop only from the store: with generation 2's record (its leader found the stop as it
+        # decided it), so both stop at its first boundary, together, and nobody interrupts it.
+        assert parts[1].should_stop, "the stop did not reach the member that missed it"
+        assert parts[1].record is not None and parts[1].record.stop
+        assert not parts[1].generations.is_interrupted(2), get_or_none(parts[1].store, keys.interrupt(2))
     finally:
+        for p in parts:
+            p.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_whose_asker_left_reaches_the_members_with_the_next_record(
+        store_server: StoreServer, job_id: str) -> None:
+    """The members read nothing for a stop at the start of a generation (issue 17): the record of a generation
+    decided while a stop is asked carries it, so a stop whose own interrupt lost reaches them though its asker
+    is gone."""
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(3), FAST).start()
+             for slot in range(3)]
+    try:
+        wait_until(lambda: parts[0].leader.is_leader, 5, "slot 0 to lead")
+        join_together(*parts)
+        parts[1].interrupt("exception:slot=1:RuntimeError")
+        wait_until(lambda: all(p.interrupted for p in parts), 5, "every member to see the interrupt")
+        parts[2].monitor.request_stop()  # too late to win generation 1's interrupt; then its process goes away
+        wait_until(lambda: get_or_none(parts[0].store, keys.STOP) is not None, 5, "the stop to reach the store")
+        parts[2].close()
+        join_together(*parts[:2])
+        assert {p.generation for p in parts[:2]} == {2}
+        assert all(p.should_stop for p in parts[:2]), "the stop did not reach the members of generation 2"
+        assert parts[0].record is not None and parts[0].record.stop
+    finally:
+        for p in parts:
+            p.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_asked_after_the_leader_looked_is_carried_into_the_generation_by_its_asker(
+        store_server: StoreServer, job_id: str) -> None:
+    """The leader looked for a stop as it decided generation 2, before the stop was asked: the process that asked
+    ends generation 2 itself as it watches it, and generation 3 carries the stop to every member."""
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
+    try:
+        wait_until(lambda: parts[0].leader.is_leader, 5, "slot 0 to lead")
+        join_together(*parts)
+        parts[1].interrupt("exception:slot=1:RuntimeError")
+        wait_until(lambda: all(p.interrupted for p in parts), 5, "both to see the interrupt")
+        gate = pausepoints.hold(pausepoints.JOIN_ANNOUNCED)
+        asker = threading.Thread(target=parts[0].join, args=(0,), daemon=True)
+        asker.start()
+        assert gate.wait_reached(5), "slot 0 never announced itself"
+        join_together(parts[1])
+        assert parts[1].generation == 2  # decided; the leader looked for a stop before it released generation 1's probe
+        wait_until(lambda: get_or_none(parts[1].store, keys.probe(1)) == keys.PROBE_RELEASED.encode(), 5,
+                   "the leader to finish its decision")
+        parts[0].monitor.request_stop()  # slot 0 is still in generation 1 (interrupted by another reason)
+        wait_until(lambda: get_or_none(parts[0].store, keys.STOP) is not None, 5, "the stop to reach the store")
+        gate.release()
+        asker.join(5)
+        assert parts[0].generation == 2
+        wait_until(lambda: parts[1].interrupted, 5, "slot 0 to end generation 2")
+        assert (get_or_none(parts[1].store, keys.interrupt(2)) or b"").startswith(b"stop:slot=0")
+        assert parts[1].should_stop  # its reason is a stop
+        join_together(*parts)
+        assert {p.generation for p in parts} == {3} and parts[0].record is not None and parts[0].record.stop
+        assert not parts[0].generations.is_interrupted(3), "the stop's asker ended a generation that carried it"
+    finally:
+        for gate in list(pausepoints._gates.values()):
+            gate.release()
         for p in parts:
             p.close()
 

@@ -12,6 +12,7 @@ import pytest
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
 from ftcoord.decisions import advance_current, read_record
 from ftcoord.errors import Superseded
+from ftcoord.forgetting import KEEP_GENERATIONS
 from ftcoord.leader import LeaderDuty
 from ftcoord.slots import SlotFacts
 from ftcoord.store import get_or_none
@@ -65,9 +66,11 @@ def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_gen
     stale.heartbeat.stop()  # the whole process is paused now: the other takes over after heartbeat_timeout
     joined.join(10)
     assert other.generation == 2 and other.leader.is_leader
-    while other.generation < 2 + LeaderDuty.KEEP_GENERATIONS + 1:  # generation 2 decided, then forgotten
+    while other.generation < 2 + KEEP_GENERATIONS + 1:  # generation 2 decided, then forgotten
         other.interrupt("test")
         other.join(0)
+    wait_until(lambda: get_or_none(other.store, keys.record(2)) == keys.FORGOTTEN.encode(), 5 * FAST.heartbeat_timeout,
+               "generation 2 to be forgotten")  # once the newest runs quietly (ftcoord.forgetting)
     newest = current(other)
 
     gate.release()  # the paused leader wakes with its proposal for generation 2

@@ -1,0 +1,143 @@
+"""The leader during a rejoin (ftcoord.leader._follow_rejoin) and when it forgets old generations
+(ftcoord.forgetting): participants in threads against a real store, paused at the leader's pause points."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
+from ftcoord.decisions import read_record
+from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule
+from ftcoord.record import GenerationRecord
+from ftcoord.store import get_or_none, read_int
+from tests.helpers.joining import join_together
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.3, barrier_timeout=10.0)
+
+
+@pytest.fixture
+def started() -> Iterator[list[Participant]]:
+    running: list[Participant] = []
+    yield running
+    for gate in list(pausepoints._gates.values()):
+        gate.release()
+    for p in running:
+        p.close()
+
+
+def start(running: list[Participant], address: str, job_id: str, slot: int, policy: QuorumPolicy) -> Participant:
+    p = Participant(address, job_id, slot, policy, FAST, on_helper_failure=lambda reason: None).start()
+    running.append(p)
+    return p
+
+
+def leader_multi_gets(p: Participant) -> int:
+    return p.leader._store.requests[("leader", "multi_get")]  # type: ignore[attr-defined]
+
+
+def pause_leader_while_it_runs(leader: Participant, generation: int) -> pausepoints.Gate:
+    """The leader paused after a round's reads, its last wait having found `generation` running (so it does not
+    look at the interrupt before its next wait)."""
+    wait_until(lambda: leader.leader._quiet == generation, 5, f"the leader to see generation {generation} running")
+    gate = pausepoints.hold(pausepoints.LEADER_CHECKED)
+    assert gate.wait_reached(5), "the leader never came round"
+    return gate
+
+
+def rejoin(*members: Participant) -> list[threading.Thread]:
+    wait_until(lambda: all(p.interrupted for p in members), 5, "every member to see the interrupt")
+    threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in members]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
+    store_server: StoreServer, job_id: str, started: list[Participant]
+) -> None:
+    """At 1,024 participants a read of every slot during their rejoin waited ~70 ms in the store's queue, on the
+    critical path: the leader now polls the join counter and decides on the round it had read (issue 17)."""
+    policy = QuorumPolicy(3)
+    leader = start(started, store_server.address, job_id, 0, policy)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    others = [start(started, store_server.address, job_id, s, policy) for s in (1, 2)]
+    join_together(leader, *others)
+    assert leader.generation == 1
+
+    gate = pause_leader_while_it_runs(leader, 1)
+    reads = leader_multi_gets(leader)
+    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    others[0].interrupt("test")
+    threads = rejoin(leader, *others)
+    wait_until(lambda: read_int(leader.store, keys.join_count(2)) == 3, 5, "every member to announce itself")
+    gate.release()
+    assert before_record.wait_reached(5), "the leader never came to decide generation 2"
+    assert leader_multi_gets(leader) == reads, "the leader read every slot again before it decided"
+    before_record.release()
+    for t in threads:
+        t.join(5)
+    assert [p.generation for p in (leader, *others)] == [2, 2, 2]
+
+
+def test_a_rejoin_decided_on_older_reads_never_leaves_out_a_process_they_do_not_know(
+    store_server: StoreServer, job_id: str, started: list[Participant]
+) -> None:
+    """A new process that registered after the leader's last read announces itself with the members: the leader
+    reads again rather than decide without it (which would cost one more generation change at once)."""
+    policy = QuorumPolicy(target_world_size=4, min_world_size=3)
+    leader = start(started, store_server.address, job_id, 0, policy)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    others = [start(started, store_server.address, job_id, s, policy) for s in (1, 2)]
+    join_together(leader, *others)  # three of four: a partial generation after join_timeout
+    assert leader.record is not None and leader.record.world_size == 3
+
+    gate = pause_leader_while_it_runs(leader, 1)
+    newcomer = start(started, store_server.address, job_id, 3, policy)
+    joined: list[GenerationRecord] = []
+    arriving = threading.Thread(target=lambda: joined.append(newcomer.join(0)), daemon=True)
+    arriving.start()  # it interrupts generation 1 (below its target, and it was never considered there)
+    threads = rejoin(leader, *others)
+    wait_until(lambda: read_int(leader.store, keys.join_count(2)) == 4, 5, "all four to announce themselves")
+    gate.release()
+    for t in (*threads, arriving):
+        t.join(10)
+    record = read_record(leader.store, 2)
+    assert record is not None and record.members == (0, 1, 2, 3), f"generation 2: {record}"
+    assert joined and joined[0].generation == 2
+
+
+def test_the_leader_forgets_an_old_generation_once_the_members_of_the_newest_arrived(
+    store_server: StoreServer, job_id: str
+) -> None:
+    """Not while they read the new record and meet at its rendezvous (at 1,024 participants ~1,000 deletes queued
+    among their requests), and not never: a heartbeat timeout at most, or once BACKLOG generations wait."""
+    store = job_store(connect(store_server.address), job_id)
+    newest = KEEP_GENERATIONS + 1
+    for generation in range(1, newest + 1):
+        store.set(keys.record(generation), GenerationRecord(generation, (0,), (1,), 0, 1, 1).to_json())
+        store.set(keys.join_count(generation), "1")
+    schedule = ForgetSchedule(patience_s=30.0)
+    schedule.decided(newest)
+    assert not schedule.run(store, None)  # being decided: its members read the store now
+    assert not schedule.run(store, newest)  # running, but not everyone holds its record yet
+    assert get_or_none(store, keys.join_count(1)) is not None
+    store.set(keys.all_arrived(newest), "1")
+    assert schedule.run(store, newest)
+    assert get_or_none(store, keys.record(1)) == keys.FORGOTTEN.encode()
+    assert get_or_none(store, keys.join_count(1)) is None
+
+    impatient = ForgetSchedule(patience_s=0.0)
+    impatient.decided(newest + 1)
+    assert impatient.run(store, newest + 1)  # its patience is over: forgotten though nobody arrived
+
+    storm = ForgetSchedule(patience_s=30.0)
+    for generation in range(newest + 2, newest + 3 + BACKLOG):
+        storm.decided(generation)
+    assert len(storm.waiting) == BACKLOG + 1
+    assert storm.run(store, None) and storm.waiting == []  # a storm of decisions still forgets
