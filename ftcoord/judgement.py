@@ -6,11 +6,18 @@ judgement calls nobody dead. Evidence (a launcher's dead mark, a connection clos
 answer to the leader's question: ftcoord.evidence) needs no waiting; silence for heartbeat_timeout is the
 last resort. A member alive but making no progress for progress_timeout is stuck: only the culprit is fenced
 (its launcher kills it, so its peers fail at once), never a peer that waits for it in a collective.
+
+A fenced process's launcher answers within FENCE_POLL_S: it says a replacement is on its way, then kills it (or
+marks it dead, with no replacement to come). Until that answer, or FENCE_ANSWER_S, the leader does not decide a
+smaller world without it (`unanswered_fences`): reads from before the fence cannot show the answer, and a world
+shrunk at once is grown back a moment later when the replacement comes (one generation change too many; the
+demo's hung rank, CI).
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch.distributed as dist
 
@@ -19,6 +26,12 @@ from ftcoord.config import Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts
+
+FENCE_POLL_S = 0.1
+"""How often a launcher reads its slots' fences (ftcoord.supervisor)."""
+FENCE_ANSWER_S = 5 * FENCE_POLL_S
+"""How long a fenced process's launcher may take to answer (a replacement on its way, or the process dead) before
+the leader takes its node for lost and decides without it."""
 
 
 class Judge:
@@ -30,7 +43,7 @@ class Judge:
         self._progress_timeout = progress_timeout
         self._log = log
         self.observer = LivenessObserver(timing.heartbeat_timeout)
-        self.fenced: set[tuple[int, int]] = set()
+        self.fenced: dict[tuple[int, int], float] = {}  # (slot, incarnation): when this leader fenced it
         self.probe = evidence.Probe(store)
 
     def rebuilt(self) -> None:
@@ -89,8 +102,15 @@ class Judge:
         if (slot, incarnation) in self.fenced:
             return
         self._store.set(keys.fence(slot), f"{term}:{incarnation}")
-        self.fenced.add((slot, incarnation))
+        self.fenced[(slot, incarnation)] = time.monotonic()
         self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
+
+    def unanswered_fences(self, facts: dict[int, SlotFacts], now: float) -> set[int]:
+        """Slots this leader fenced less than FENCE_ANSWER_S ago whose launcher's answer these facts do not show yet
+        (no replacement on its way, not dead): a decision waits for it (module docstring)."""
+        return {slot for (slot, incarnation), at in self.fenced.items()
+                if now - at < FENCE_ANSWER_S and slot in facts and facts[slot].incarnation == incarnation
+                and not facts[slot].is_gone(incarnation) and not facts[slot].being_replaced}
 
     def fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
         """A process that hung while it was in no running generation (joining, or a hot spare) is judged by

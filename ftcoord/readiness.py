@@ -61,7 +61,8 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
         # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
         on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
                       and not judge.observer.is_stale(f"replacing/{s}")}
-        expected |= on_its_way
+        # A process fenced a moment ago: its launcher has not said yet whether a replacement comes (ftcoord.judgement).
+        expected |= on_its_way | judge.unanswered_fences(facts, now)
     # A job starting (or restarting as a whole: no member of the last generation is
     # alive) waits for its target size of workers (a spare is seated only at last call, when
     # a worker is still missing); a running job re-forms with whoever is alive.

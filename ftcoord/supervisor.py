@@ -29,6 +29,7 @@ from ftcoord import env, keys, launcher_report, rebuild, scratch
 from ftcoord.decisions import LeaderClaim
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.heartbeat import mark_dead
+from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
@@ -37,7 +38,6 @@ from ftcoord.standby_keeper import StandbyKeeper
 from ftcoord.store import get_or_none, read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
-FENCE_POLL_S = 0.1  # how often a launcher reads its slots' fences (ftcoord.leader)
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -1,0 +1,59 @@
+"""When the leader may decide: a process it fenced a moment ago is waited for until its launcher answers."""
+
+from __future__ import annotations
+
+from ftcoord import StoreServer, connect, job_store
+from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.heartbeat import LivenessObserver
+from ftcoord.judgement import FENCE_ANSWER_S, Judge
+from ftcoord.log import get_logger
+from ftcoord.readiness import OpenClock, readiness
+from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.slots import SlotFacts
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _facts(slot: int, beat: int, dead: int = 0, replacing: int = 0) -> SlotFacts:
+    return SlotFacts(slot=slot, incarnation=2, heartbeat=beat, progress=0, waiting=False, dead=dead, left=0,
+                     replacing=replacing)
+
+
+def test_a_fenced_member_is_waited_for_until_its_launcher_answers(store_server: StoreServer, job_id: str) -> None:
+    """A member silent for heartbeat_timeout is fenced; its launcher answers within FENCE_POLL_S: a replacement on
+    its way (then killed), or dead. The leader's reads of that round are from before the answer; deciding on them
+    shrank the world, and the replacement grew it back a moment later (the demo's hung rank, CI). So the fenced
+    slot is waited for until the answer shows, or FENCE_ANSWER_S pass (its node is lost too). Sabotage: without
+    the wait, the first decision below is made at once."""
+    timing, clock = Timing(), Clock()
+    judge = Judge(job_store(connect(store_server.address), job_id), timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    previous = GenerationRecord(generation=3, members=(0, 1, 2), incarnations=(2, 2, 2), leader=0, leader_term=1,
+                                target_world_size=3)
+    facts = {s: _facts(s, beat=10) for s in (0, 1, 2)}
+    judge.observe(facts, read_at=clock.now)
+    clock.now += timing.heartbeat_timeout + 0.1
+    facts = {0: _facts(0, beat=20), 1: _facts(1, beat=10), 2: _facts(2, beat=20)}  # slot 1 silent since
+    judge.observe(facts, read_at=clock.now)
+    assert judge.interrupt_if_member_dead(previous, facts, clock.now, term=1)  # fences slot 1's incarnation 2
+    fenced_at = judge.fenced[(1, 2)]
+    live = [JoinRequest(4, s, 2, 30) for s in (0, 2)]
+
+    def decide(facts: dict[int, SlotFacts], at: float) -> bool:
+        ready = readiness(live, len(live), facts, OpenClock(at, at), at, judge, previous, True, QuorumPolicy(3),
+                          timing)
+        return ready.decide
+
+    assert not decide(facts, fenced_at + 0.01), "decided without the fenced member before its launcher answered"
+    replacing = {**facts, 1: _facts(1, beat=10, replacing=3)}
+    judge.observe(replacing, read_at=clock.now)  # the round that reads it observes it too
+    assert not decide(replacing, fenced_at + 0.2), "a replacement on its way is waited for"
+    dead = {**facts, 1: _facts(1, beat=10, dead=2)}
+    assert decide(dead, fenced_at + 0.2), "dead with no replacement coming: decide without it at once"
+    assert decide(facts, fenced_at + FENCE_ANSWER_S + 0.01), "no answer at all (its node is lost): decide"
