@@ -49,11 +49,14 @@ class GenerationClient:
     """The main thread's side of the protocol (on the main thread's own store client)."""
 
     def __init__(self, store: dist.Store, slot: int, incarnation: int, timing: Timing,
-                 on_waiting_after: Callable[[GenerationRecord], None] = lambda record: None) -> None:
+                 on_waiting_after: Callable[[GenerationRecord], None] = lambda record: None,
+                 on_announced: Callable[[int], None] = lambda generation: None) -> None:
         """`on_waiting_after(record)`: this process waits for the generation after `record` (when it is not a member
-        of that one, it is a hot spare or a replacement: ftcoord.deputies)."""
+        of that one, it is a hot spare or a replacement: ftcoord.deputies). `on_announced(generation)`: this process
+        announced itself for `generation` (its interrupt monitor reads no probe after that: ftcoord.monitor)."""
         self._store = store
         self._on_waiting_after = on_waiting_after
+        self._on_announced = on_announced
         self.slot = slot
         self.incarnation = incarnation
         self._timing = timing
@@ -94,6 +97,7 @@ class GenerationClient:
                 self._on_waiting_after(previous)
             announced_in = instance_number(self._store)
             self._announce(generation, step)
+            self._on_announced(generation)
             pausepoints.reached(pausepoints.JOIN_ANNOUNCED)
             record = self._wait_record(generation, announced_in)
             if record is _NEW_INSTANCE:

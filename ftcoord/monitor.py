@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
-from ftcoord.store import get_or_none, wait_get
+from ftcoord.store import get_or_none, wait_get, woken
 
 
 def stale_stop(store: dist.Store) -> bytes | None:
@@ -45,9 +45,11 @@ class InterruptMonitor:
     waits on the generation's probe key (ftcoord.evidence) and has the heartbeat beat at once (`on_beat`)
     when a leader asks, until the process watches a newer generation (the leader sets the probe key to
     keys.PROBE_RELEASED once the next one is decided, which ends that wait without a beat: at 1,024
-    participants, a beat and a status write each in the burst of record reads). A leader asks by setting the
-    interrupt, then the probe: a member still in the generation, or already out of it, answers after the
-    question, never before.
+    participants, a beat and a status write each in the burst of record reads). A wake after this process announced
+    itself for a later generation (`announced`) is not even read: the announcement answers any question (the leader
+    asks no member that rejoined: ftcoord.judgement), and a release asks nothing; at 1,024 participants, a
+    thousand reads fewer in the burst of record reads. A leader asks by setting the interrupt, then the probe: a
+    member still in the generation, or already out of it, answers after the question, never before.
     A local stop request is carried to the store by the heartbeat thread (`carry_local_stop`); one made
     anywhere in the job interrupts the generation, so it is seen here at once (or in the next generation, when
     another reason won that interrupt: see the module docstring).
@@ -66,6 +68,7 @@ class InterruptMonitor:
         self._lock = threading.Lock()
         self._generation: int | None = None
         self._answered: int | None = None  # the generation whose probe this process answered
+        self._announced = 0  # the newest generation this process announced itself for (its trainer thread sets it)
         self._stop_carried_in: int | None = None  # the newest generation this process's own stop interrupted
         self._fired = threading.Event()
         self._changed = threading.Event()  # a new generation to watch, or stop
@@ -106,6 +109,10 @@ class InterruptMonitor:
                 self.stop_requested.set()
         self._changed.set()
 
+    def announced(self, generation: int) -> None:
+        """This process announced itself for `generation` (the trainer thread, after the announcement's requests)."""
+        self._announced = max(self._announced, generation)
+
     def request_stop(self) -> None:
         """Ask the whole job to stop (safe to call from a signal handler): the heartbeat thread carries it."""
         self._local_stop.set()
@@ -145,7 +152,12 @@ class InterruptMonitor:
             self._changed.clear()
             return
         if fired:
-            asked = wait_get(self._store, keys.probe(generation), self._slice_s)
+            if not woken(self._store, keys.probe(generation), self._slice_s):
+                return
+            if self._announced > generation:  # it rejoined: nothing to answer, no read (class docstring)
+                self._answered = generation
+                return
+            asked = wait_get(self._store, keys.probe(generation), self._slice_s)  # woken: there (or woken for nothing)
             if asked:
                 self._answered = generation
                 if asked.decode() != keys.PROBE_RELEASED:  # a question (the release is not: no beat for it)

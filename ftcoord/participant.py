@@ -87,7 +87,8 @@ class Participant:
         jobs.describe(self.store, self.timing)
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
         self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing,
-                                            on_waiting_after=lambda record: self.leader.note_record(record))
+                                            on_waiting_after=lambda record: self.leader.note_record(record),
+                                            on_announced=lambda generation: self.monitor.announced(generation))
         self.report = SlotReport(self.slot)
         # The helper watch reads nothing itself: the leader duty reads this slot's newest incarnation every round,
         # and each helper tells it when that, or its own failure, is news (it looks every heartbeat_timeout too).

@@ -250,6 +250,51 @@ def test_the_release_after_a_decision_is_not_a_question(store_server: StoreServe
         heartbeat.stop()
 
 
+class _ReadsSeen:
+    """A real store client that notes the keys read through it with `get`."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+        self.read: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        self.read.append(key)
+        return self._store.get(key)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+def test_a_member_that_rejoined_reads_nothing_when_woken_by_the_probe(store_server: StoreServer, job_id: str) -> None:
+    """Once its trainer announced itself for the next generation, a member's monitor reads nothing when the probe
+    key wakes it (at 1,024 participants, a thousand reads in the burst of record reads): the announcement answers any
+    question (the leader asks no member that rejoined) and a release asks nothing. So it neither reads the key nor
+    beats, for a release and for a question alike (sabotage: reading the woken key fails this)."""
+    store = job_store(connect(store_server.address), job_id)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=6, interval=30.0)
+    spied = _ReadsSeen(job_store(connect(store_server.address), job_id))
+    monitor = InterruptMonitor(spied, 6, 1, slice_s=30.0, on_beat=heartbeat.beat_now)  # type: ignore[arg-type]
+    heartbeat.start()
+    monitor.start()
+    try:
+        for generation, asked in ((7, False), (8, True)):
+            monitor.watch(generation)
+            store.compare_set(keys.interrupt(generation), "", "rejoin:slot=1")
+            wait_until(lambda: monitor.fired, 5.0, "the interrupt")
+            monitor.announced(generation + 1)  # as its trainer does, once its announcement is in
+            before = int(store.add(keys.heartbeat(6), 0))
+            if asked:
+                Probe(store).ask(generation)
+            store.compare_set(keys.probe(generation), "", keys.PROBE_RELEASED)  # as the leader releases
+            wait_until(lambda g=generation: monitor._answered == g, 5.0, "the monitor out of its wait")
+            assert keys.probe(generation) not in spied.read, "a member that rejoined read the probe key"
+            assert int(store.add(keys.heartbeat(6), 0)) == before, "a member that rejoined beat for the probe"
+        assert spied.read == [keys.interrupt(7), keys.interrupt(8)]  # the interrupts' reasons only
+    finally:
+        monitor.stop()
+        heartbeat.stop()
+
+
 def test_an_operator_reading_the_job_does_not_wake_its_members(store_server: StoreServer, job_id: str) -> None:
     """`ftcoord status` shows whether each recent generation was interrupted. Read from the running generation's
     absent interrupt key (a compare_set), that woke every member's interrupt watch at each refresh: a few requests
