@@ -11,7 +11,8 @@ A fenced process's launcher answers within FENCE_POLL_S: it says a replacement i
 marks it dead, with no replacement to come). Until that answer, or FENCE_ANSWER_S, the leader does not decide a
 smaller world without it (`unanswered_fences`): reads from before the fence cannot show the answer, and a world
 shrunk at once is grown back a moment later when the replacement comes (one generation change too many; the
-demo's hung rank, CI).
+demo's hung rank, CI). The price, when no launcher answers (its node is lost, or no launcher runs it): the
+decision comes FENCE_ANSWER_S after the fence rather than at once (the leader looks again right then).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ftcoord.slots import SlotFacts
 
 FENCE_POLL_S = 0.1
 """How often a launcher reads its slots' fences (ftcoord.supervisor)."""
-FENCE_ANSWER_S = 5 * FENCE_POLL_S
+FENCE_ANSWER_S = 3 * FENCE_POLL_S
 """How long a fenced process's launcher may take to answer (a replacement on its way, or the process dead) before
 the leader takes its node for lost and decides without it."""
 
@@ -111,6 +112,11 @@ class Judge:
         return {slot for (slot, incarnation), at in self.fenced.items()
                 if now - at < FENCE_ANSWER_S and slot in facts and facts[slot].incarnation == incarnation
                 and not facts[slot].is_gone(incarnation) and not facts[slot].being_replaced}
+
+    def until_fences_answered(self, now: float) -> float:
+        """Seconds until the next fence's launcher is due to have answered (the leader looks again then); inf: none."""
+        due = [at + FENCE_ANSWER_S - now for at in self.fenced.values() if at + FENCE_ANSWER_S > now]
+        return max(0.01, min(due)) if due else math.inf
 
     def fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
         """A process that hung while it was in no running generation (joining, or a hot spare) is judged by

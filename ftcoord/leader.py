@@ -396,9 +396,12 @@ class LeaderDuty:
 
     def _await_joiners(self, generation: int, expecting: int, stall_s: float | None = None) -> bool:
         """Poll the join counter until `expecting` have announced themselves (True: everyone the last round waited
-        for; it decides at once), a probe's grace ends, or a tick passes (a new round looks at who is alive and at
-        the last call); see ftcoord.decisions.await_announcements."""
-        until = time.monotonic() + self._judge.probe.wait_at_most(self._timing.probe_grace, self._timing.tick)
+        for; it decides at once), a probe's grace ends, a fenced process's launcher is due to have answered
+        (ftcoord.judgement), or a tick passes (a new round looks at who is alive and at the last call); see
+        ftcoord.decisions.await_announcements."""
+        now = time.monotonic()
+        until = now + min(self._judge.probe.wait_at_most(self._timing.probe_grace, self._timing.tick),
+                          self._judge.until_fences_answered(now))
         return await_announcements(self._store, generation, expecting, until, self._stop, _JOIN_POLL_S, stall_s)
 
     def _paused_since(self, read_at: float) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
@@ -57,3 +59,6 @@ def test_a_fenced_member_is_waited_for_until_its_launcher_answers(store_server: 
     dead = {**facts, 1: _facts(1, beat=10, dead=2)}
     assert decide(dead, fenced_at + 0.2), "dead with no replacement coming: decide without it at once"
     assert decide(facts, fenced_at + FENCE_ANSWER_S + 0.01), "no answer at all (its node is lost): decide"
+    # ... and the leader looks again right when that is due, not a tick or a round later
+    assert abs(judge.until_fences_answered(fenced_at + 0.1) - (FENCE_ANSWER_S - 0.1)) < 1e-6
+    assert judge.until_fences_answered(fenced_at + FENCE_ANSWER_S + 0.01) == math.inf
