@@ -65,7 +65,7 @@ from ftcoord.deputies import Cadence
 from ftcoord.forgetting import ForgetSchedule
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
-from ftcoord.monitor import stale_stop
+from ftcoord.monitor import ran_its_course
 from ftcoord.proposal import Proposer
 from ftcoord.readiness import OpenClock
 from ftcoord.record import GenerationRecord
@@ -432,7 +432,7 @@ class LeaderDuty:
         start of every generation (issue 17); a stop asked after this read is carried into the next generation by
         the process that asked (ftcoord.monitor)."""
         stop = get_or_none(self._store, keys.STOP)
-        return stop is not None and stale_stop(self._store) != stop  # not the stop of an earlier run of this job
+        return stop is not None and not ran_its_course(self._store, stop)  # not the stop of an earlier run of this job
 
     def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:
         text = record.to_json()

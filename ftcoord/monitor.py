@@ -30,11 +30,14 @@ def stale_stop(store: dist.Store) -> bytes | None:
     progress is not stale: a replacement that starts meanwhile stops with the others.
     """
     stop = get_or_none(store, keys.STOP)
-    if stop is None:
-        return None
+    return stop if stop is not None and ran_its_course(store, stop) else None
+
+
+def ran_its_course(store: dist.Store, stop: bytes) -> bool:
+    """The `stop` value read is followed by `stopped` (see stale_stop): one read, of `stopped`."""
     stopped = get_or_none(store, keys.STOPPED)
     asked_in = int(stop.decode().split(":")[0] or 0)
-    return stop if stopped is not None and int(stopped or 0) > asked_in else None
+    return stopped is not None and int(stopped or 0) > asked_in
 
 
 class InterruptMonitor:
