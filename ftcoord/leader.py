@@ -1,7 +1,7 @@
-"""Leader election and the leader's duties: watch liveness, interrupt, decide records.
+"""The leader's duties: watch liveness, interrupt, decide records.
 
-Every process runs a LeaderDuty thread; at most one holds the `leader` key at a time.
-Holding it is only an optimisation of who proposes: safety comes from the record being
+Every process runs a LeaderDuty thread; at most one holds the `leader` key at a time (who, and who takes over:
+ftcoord.election). Holding it is only an optimisation of who proposes: safety comes from the record being
 written once with compare_set, so a deposed leader that wakes up cannot fork a generation.
 
 When to decide generation g+1 (at the speed of evidence, not of timeouts) is ftcoord.readiness.
@@ -15,9 +15,9 @@ the tests with ftcoord.pausepoints):
   forgotten) fails its write; one paused longer than the span sees `gen/current` past g right after its
   write and makes it a tombstone again (nobody waits for g: a joiner that does finds current past it).
 - `gen/current` only moves forward (compare_set up to the larger value).
-- Leadership is the `leader` key, "term:slot:incarnation", taken with compare_set; a term only grows.
-  A leader confirms its claim before each round of writes, and its fences carry its term: a launcher
-  kills on a fence only while no newer term holds the key, so a deposed leader that wakes kills nobody.
+- Leadership is the `leader` key, "term:slot:incarnation", taken with compare_set; a term only grows
+  (ftcoord.election). A leader confirms its claim before each round of writes, and its fences carry its term:
+  a launcher kills on a fence only while no newer term holds the key, so a deposed leader that wakes kills nobody.
 - Liveness is judged on observations only (ftcoord.heartbeat.LivenessObserver): a leader paused
   between its reads and its judgement sees no silence that it did not observe.
 A record written by a leader deposed between its last check and its write is still the one decision
@@ -26,7 +26,7 @@ judgement in it is corrected by the next generation.
 
 At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (one multi_get
 per tick, with its claim and the slot list); a follower reads the leader's claim and counters (and its own
-incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies. The
+incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies (ftcoord.election). The
 judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store wait on its
 interrupt (woken at once); an open one's polls the join counter (no key per joiner) and decides as soon
 as everyone it waits for has announced itself; old generations are forgotten once the members of the newest
@@ -49,7 +49,7 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from ftcoord import keys, pausepoints, rebuild
+from ftcoord import keys, pausepoints
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.decisions import (
     LeaderClaim,
@@ -62,6 +62,7 @@ from ftcoord.decisions import (
     read_record,
 )
 from ftcoord.deputies import Cadence
+from ftcoord.election import Election
 from ftcoord.forgetting import ForgetSchedule
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
@@ -99,14 +100,11 @@ class LeaderDuty:
         self._timing = timing
         self._policy = policy
         self._progress_timeout = progress_timeout
-        self._claim: LeaderClaim | None = None
-        self._holder: LeaderClaim | None = None  # as a follower: the claim last read
         self._slots: list[int] = []  # as the leader: the registered slots last read
         self._open: dict[int, OpenClock] = {}
         self._closed_in: GenerationRecord | None = None
         self._round_instance = 0  # the store instance this round's observations come from
         self._rebuilt = threading.Event()  # the store restarted: forget what was fenced and asked there
-        self._terms_seen = 0
         self._records: dict[int, GenerationRecord | None] = {}  # the last records read (immutable once written)
         self._interrupted: int | None = None  # a generation this leader saw interrupted
         self._quiet: int | None = None  # the generation its last wait found running
@@ -120,12 +118,14 @@ class LeaderDuty:
         """The newest incarnation of this process's slot that this thread has read (ftcoord.watchdog)."""
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
         self._judge = Judge(store, timing, progress_timeout, self._log)
+        self._election = Election(store, slot, incarnation, self._judge, self._log, self._saw_incarnation,
+                                  on_elected=lambda: self._open.clear())
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-leader-{slot}", daemon=True)
         self.failed: BaseException | None = None
 
     @property
     def is_leader(self) -> bool:
-        return self._claim is not None
+        return self._election.claim is not None
 
     @property
     def thread(self) -> threading.Thread:
@@ -153,14 +153,8 @@ class LeaderDuty:
         self._poke.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(self._timing.heartbeat_interval + 2.0)
-        if release and self._claim is not None:
-            released = LeaderClaim(self._claim.term, None, None)
-            try:
-                self._store.compare_set(keys.LEADER, str(self._claim), str(released))
-                self._log.info("leader_released", term=self._claim.term)
-            except Exception:  # the store is gone: nobody to hand over to
-                pass
-            self._claim = None
+        if release:
+            self._election.release()
 
     # -- the loop -----------------------------------------------------------------
 
@@ -181,12 +175,13 @@ class LeaderDuty:
                 if self._rebuilt.is_set():
                     self._rebuilt.clear()
                     self._open.clear()
-                    self._holder = None
+                    self._election.forget_holder()
                     self._slots = []
                     self._records.clear()
                     self._judge.rebuilt()
-                following = self._claim is None
-                read_at, facts, holder = self._follow() if following else self._observe()
+                election = self._election
+                following = election.claim is None
+                read_at, facts, holder = election.follow(self._round_instance) if following else self._observe()
                 if read_at - last_tick > self._timing.heartbeat_timeout / 2:
                     # Stuck in a store call (a hung or restarting store kept everyone from beating): what
                     # this round read shows no silence of anyone's; watch afresh (CI-like: a 12 s store
@@ -197,16 +192,16 @@ class LeaderDuty:
                     last_tick = time.monotonic()
                     continue
                 if following:
-                    if holder is not None and self._claim is None:
-                        self._try_acquire(holder, facts)
-                    if self._claim is None:
+                    if holder is not None and election.claim is None:
+                        election.try_acquire(holder, facts, self._closed_in)
+                    if election.claim is None:
                         self._sleep(self._cadence.interval())
-                elif holder == self._claim:
+                elif holder == election.claim:
                     pausepoints.reached(pausepoints.LEADER_CHECKED)
                     if self._lead_once(read_at, facts):
                         return  # the job ended: nothing left to decide
                 else:
-                    self._lose(holder)
+                    election.lose(holder)
             except StoreRestarted:  # read slots of a lost store instance: read the new one afresh
                 continue
             except Exception as exc:  # store gone or broken: this thread cannot help
@@ -221,31 +216,6 @@ class LeaderDuty:
         self._slept = seconds  # not a pause of ours (the pause check allows for it)
         self._poke.wait(seconds)
         self._poke.clear()
-
-    def _follow(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim | None]:
-        """A follower's round: the leader's claim and its holder's counters (and our own incarnation), in one
-        request. Only the holder is observed: a follower that takes over has watched the one it replaces, and
-        watches everyone else afresh (silence alone is the last resort; evidence needs no history)."""
-        read_at = time.monotonic()
-        holder = self._holder
-        if holder is None:  # absent: claim the first term; present: learn the holder
-            first = LeaderClaim(1, self._slot, self._incarnation)
-            holder = LeaderClaim.parse(self._store.compare_set(keys.LEADER, "", str(first)))
-            if holder == first:
-                self._become(first)
-                return read_at, {}, None
-        watched = [holder.slot] if holder.slot is not None else []
-        values, facts = read_facts_and(self._store, watched, [keys.LEADER, keys.incarnation(self._slot)],
-                                       pinned=self._round_instance)
-        self._saw_incarnation(int(values[1] or 0))
-        claim = LeaderClaim.parse(values[0])
-        self._terms_seen = max(self._terms_seen, claim.term)
-        if claim != holder:  # a new holder: judged from the next round on
-            self._holder = claim
-            return read_at, {}, None
-        self._holder = holder
-        self._judge.observe(facts, read_at, replacing=False)
-        return read_at, facts, holder
 
     def _observe(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim]:
         """The leader's round: its claim, the registered slots and every slot's counters, in one request (two
@@ -269,25 +239,9 @@ class LeaderDuty:
         if incarnation > self._incarnation:
             self._tell_watch()
 
-    def _try_acquire(self, holder: LeaderClaim, facts: dict[int, SlotFacts]) -> None:
-        """Take the leadership from a holder that released it, or is gone (by evidence or silence)."""
-        if holder.slot is not None:
-            fact = facts.get(holder.slot)
-            if fact is None or (self._judge.alive(fact, holder.incarnation)
-                                and holder.slot not in self._judge.gone_by_evidence(self._closed_in)):
-                return
-        mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
-        won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
-        if won == str(mine):
-            self._become(mine, previous=holder)
-        else:
-            self._holder = None  # someone else moved first: learn who next round
-
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
         """The store restarted (ftcoord.rebuild): write back the leader's term; forget fences and probes."""
-        claim = self._claim
-        term = max(self._terms_seen, claim.term if claim else 0, record.leader_term if record else 0)
-        rebuild.leader_term(store, str(claim) if claim is not None else None, term)
+        self._election.rebuild(store, record)
         self._rebuilt.set()
 
     def note_closed(self, record: GenerationRecord) -> None:
@@ -297,25 +251,7 @@ class LeaderDuty:
 
     @property
     def _term(self) -> int:
-        return self._claim.term if self._claim else 0
-
-    def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
-        self._claim = claim
-        self._open.clear()
-        self._log.info("leader_elected", term=claim.term,
-                       previous=str(previous) if previous else None)
-
-    def _lose(self, held: LeaderClaim) -> None:
-        self._log.warning("leader_lost", term=self._claim.term if self._claim else None, holder=str(held))
-        self._claim = None
-        self._holder = held
-
-    def _still_leader(self) -> bool:
-        held = get_or_none(self._store, keys.LEADER)
-        if held is not None and held.decode() == str(self._claim):
-            return True
-        self._lose(LeaderClaim.parse(held or b"0"))
-        return False
+        return self._election.term
 
     # -- leading ------------------------------------------------------------------
 
@@ -436,7 +372,7 @@ class LeaderDuty:
 
     def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:
         text = record.to_json()
-        if not self._still_leader():
+        if not self._election.confirm():
             return True  # deposed while deciding: the new leader decides
         pausepoints.reached(pausepoints.LEADER_BEFORE_RECORD)
         try:
