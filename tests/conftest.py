@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,37 @@ from tests.helpers.cluster import Forker, Job  # noqa: E402
 FAST_TIMING = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.0, "join_timeout": 0.5,
                "barrier_timeout": 15.0, "connect_timeout": 10.0}
 _job_numbers = itertools.count()
+HARD_TIMEOUT_MARGIN_S = 60.0
+_STDERR = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_STDERR] = os.dup(sys.stderr.fileno())  # the terminal's, before a test's output is captured
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    """The test's pytest-timeout limit: its marker's (`pytest.mark.timeout(30)`), else --timeout's, else the ini's
+    (0: none)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
+    option = item.config.getoption("timeout", None)
+    return float(option if option is not None else item.config.getini("timeout") or 0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """A backstop for pytest-timeout: its signal method cannot end a test blocked inside a C call (a store read of a
+    key that never comes: seen, a test hung 12 minutes past its 30 s limit), since a Python signal handler runs only
+    when the call returns; CI would then hang for its 90 minutes. HARD_TIMEOUT_MARGIN_S after the test's own limit,
+    a C-level watchdog (faulthandler) prints every thread's stack and ends the run with status 1."""
+    timeout = _timeout_of(item)
+    if timeout > 0:
+        faulthandler.dump_traceback_later(timeout + HARD_TIMEOUT_MARGIN_S, exit=True, file=item.config.stash[_STDERR])
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="session", autouse=True)
