@@ -56,6 +56,7 @@ from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMem
 from chaos.scale_report import markdown, plot, targets_missed
 from ftcoord import keys
 from ftcoord.config import Timing
+from ftcoord.decisions import count_announcements
 from ftcoord.heartbeat import mark_dead
 from ftcoord.server import StoreProcess
 from ftcoord.store_link import StoreLink
@@ -357,7 +358,7 @@ def _watch_decision(store: Any, generation: int, n: int, timeout: float) -> tupl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = time.monotonic()
-        if announced is None and int(store.add(keys.join_count(generation), 0)) >= n:
+        if announced is None and count_announcements(store, generation) >= n:
             announced = now
         if store.check([keys.record(generation)]):
             return (announced or now), now

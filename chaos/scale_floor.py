@@ -5,17 +5,16 @@ and tells it the next record: two wakes of N waiting clients, with requests betw
 the N clients share 2 cores (on a real job each has a host's), so a wake of a thousand waiters costs tens of
 milliseconds by itself, whatever the protocol does. This module measures that, with the participants' layout
 (the same processes, one client and one thread per participant) and no ftcoord logic: bare TCPStore clients,
-and a driver that plays the leader (sets the interrupt key, polls the count every 5 ms like the leader's join
-poll, then writes a record of the size the swarm's was). Two variants, each over several rounds:
+and a driver that plays the leader (sets the interrupt key, polls the count every 5 ms like the leader's poll of
+the announcements, then writes a record of the size the swarm's was). Three variants, each over several rounds:
 
-- `least`: wake, one request to be counted, wake: the least any protocol on a store must do;
+- `least`: wake, one request to be counted (an add), wake: the least any protocol on a store must do;
 - `critical_path`: the requests on ftcoord's own critical path, in order: the monitor's wait for the interrupt
-  and its read (TCPStore's get: two requests), the trainer's announcement (append) and count (add); its wait for
-  the record and the read (six requests);
+  and its read (TCPStore's get: two requests), the trainer's announcement (an append: the driver counts its
+  lines, as the leader does); its wait for the record and the read (five requests);
 - `every_request`: the critical path, then the rest of what an advance costs a participant, as
-  `requests_per_advance` counts it (twelve in all), from the same thread: the monitor's release (a wait and
-  a read of the probe key) and its read of the stop key, the rendezvous (arrived, the member's address key),
-  the status.
+  `requests_per_advance` counts it, from the same thread: the monitor's release (a wait and a read of the probe
+  key) and its read of the stop key, the rendezvous (arrived, the member's address key), the status.
 
 The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
 off-path requests cost; `every_request`, what its requests cost with no thread but one per participant; `least`
@@ -60,10 +59,10 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
         interrupt, record = _key(variant, r, "interrupt"), _key(variant, r, "record")
         if variant == "least":
             store.wait([interrupt], _WAIT)
-        else:  # the monitor's wait_get: TCPStore's get, a wait and then the read
+            store.add(_key(variant, r, "count"), 1)
+        else:  # the monitor's wait_get: TCPStore's get, a wait and then the read; the trainer's announcement
             store.get(interrupt)
             store.append(_key(variant, r, "joiners"), announcement)
-        store.add(_key(variant, r, "count"), 1)
         if variant == "least":
             store.wait([record], _WAIT)
         else:
@@ -75,6 +74,13 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * 8 * members)
             store.set(f"floor/status/{slot}", status)
         ends[r] = max(ends[r], time.monotonic())
+
+
+def _counted(store: Any, variant: str, round_: int) -> int:
+    """The driver's poll: the counter (`least`), or the announcements' lines (as ftcoord's leader counts them)."""
+    if variant == "least":
+        return read_int(store, _key(variant, round_, "count"))
+    return (get_or_none(store, _key(variant, round_, "joiners")) or b"").count(b"\n")
 
 
 def worker(argv: list[str] | None = None) -> int:
@@ -122,7 +128,7 @@ def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: s
             starts.append(time.monotonic())
             store.set(_key(variant, r, "interrupt"), "bench:floor")
             deadline = time.monotonic() + timeout_s
-            while read_int(store, _key(variant, r, "count")) < n:
+            while _counted(store, variant, r) < n:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the floor's round {r} at N={n}: not every bare participant was counted "
                                        f"within {timeout_s:.0f}s")

@@ -73,7 +73,7 @@ class GenerationClient:
         """Block until a generation that includes this process is decided.
 
         `after`: the generation this process was a member of and saw interrupted: the next one is announced for
-        at once, with no read before (two requests: the announcement and the join counter; then the wait).
+        at once, with no read before (one request, the announcement; then the wait).
         The number may be stale (decided without us meanwhile): the record says so and the loop moves on.
 
         Raises:
@@ -208,8 +208,7 @@ class GenerationClient:
 
     def _announce(self, generation: int, step: int) -> None:
         join = JoinRequest(generation, self.slot, self.incarnation, step)
-        self._store.append(keys.joiners(generation), join.to_json() + "\n")
-        self._store.add(keys.join_count(generation), 1)  # the leader polls the count while a generation is open
+        self._store.append(keys.joiners(generation), join.to_json() + "\n")  # its lines are the count the leader polls
 
     def _interrupt_if_needed(self, record: GenerationRecord | None) -> None:
         """Catch-up rule: bring the members back together when our arrival changes things.

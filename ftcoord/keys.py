@@ -99,12 +99,8 @@ over it), so a stopped job that is launched again decides the numbers after it."
 
 
 def joiners(generation: int) -> str:
-    """Append-only list of join announcements (JSON lines) for a generation."""
+    """Append-only list of join announcements (JSON lines) for a generation; its lines are their count."""
     return f"gen/{generation}/joiners"
-
-
-def join_count(generation: int) -> str:
-    return f"gen/{generation}/join_count"
 
 
 def interrupt(generation: int) -> str:

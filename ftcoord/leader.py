@@ -28,7 +28,7 @@ At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's c
 per tick, with its claim and the slot list); a follower reads the leader's claim and counters (and its own
 incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies (ftcoord.election). The
 judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store wait on its
-interrupt (woken at once); an open one's polls the join counter (no key per joiner) and decides as soon
+interrupt (woken at once); an open one's polls the announcements (no key per joiner) and decides as soon
 as everyone it waits for has announced itself; old generations are forgotten once the members of the newest
 have met at its rendezvous (ftcoord.forgetting).
 Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
@@ -74,7 +74,7 @@ from ftcoord.slots import SlotFacts, parse_slots, read_facts_and
 from ftcoord.store import get_or_none, woken
 from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
 
-_JOIN_POLL_S = 0.005  # how often the leader reads the join counter while a generation is open
+_JOIN_POLL_S = 0.005  # how often the leader counts the announcements while a generation is open
 _STALL_S = _JOIN_POLL_S  # a rejoin whose announcements stood still between two reads is judged afresh (_follow_rejoin)
 
 
@@ -308,7 +308,7 @@ class LeaderDuty:
                        record: GenerationRecord | None, current: int) -> bool:
         """The wait on the running generation's interrupt was woken: its members are rejoining, every one of them
         sending requests to the store at once. The leader sends as few as it can meanwhile (at 1,024 participants
-        each of its requests waited up to 90 ms in the store's queue): it polls the join counter until every live
+        each of its requests waited up to 90 ms in the store's queue): it polls the announcements until every live
         slot it read this round announced itself, then confirms the interrupt and decides on this round's reads.
         When they do not all come (one died meanwhile: its dead mark is newer than this round's reads), or stop
         coming for a moment, it confirms the interrupt and judges afresh in a new round."""
@@ -331,7 +331,7 @@ class LeaderDuty:
         return self._records[generation]
 
     def _await_joiners(self, generation: int, expecting: int, stall_s: float | None = None) -> bool:
-        """Poll the join counter until `expecting` have announced themselves (True: everyone the last round waited
+        """Poll the announcements until `expecting` have announced themselves (True: everyone the last round waited
         for; it decides at once), a probe's grace ends, a fenced process's launcher is due to have answered
         (ftcoord.judgement), or a tick passes (a new round looks at who is alive and at the last call); see
         ftcoord.decisions.await_announcements."""

@@ -40,7 +40,7 @@ class Readiness:
     everyone: bool
     """Everyone awaited joined (otherwise a decision now is a partial quorum)."""
     expecting: int
-    """How many announcements to poll the join counter for before judging again: the next one, or, when some
+    """How many announcements to poll for before judging again: the next one, or, when some
     are missing, all of theirs."""
 
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
-from ftcoord.decisions import read_record
+from ftcoord.decisions import count_announcements, read_record
 from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule
 from ftcoord.record import GenerationRecord
-from ftcoord.store import get_or_none, read_int
+from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -62,7 +62,7 @@ def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
     store_server: StoreServer, job_id: str, started: list[Participant]
 ) -> None:
     """At 1,024 participants a read of every slot during their rejoin waited ~70 ms in the store's queue, on the
-    critical path: the leader now polls the join counter and decides on the round it had read (issue 17)."""
+    critical path: the leader now polls the announcements and decides on the round it had read (issue 17)."""
     policy = QuorumPolicy(3)
     leader = start(started, store_server.address, job_id, 0, policy)
     wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
@@ -75,7 +75,7 @@ def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
     before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
-    wait_until(lambda: read_int(leader.store, keys.join_count(2)) == 3, 5, "every member to announce itself")
+    wait_until(lambda: count_announcements(leader.store, 2) == 3, 5, "every member to announce itself")
     gate.release()
     assert before_record.wait_reached(5), "the leader never came to decide generation 2"
     assert leader_multi_gets(leader) == reads, "the leader read every slot again before it decided"
@@ -103,7 +103,7 @@ def test_a_rejoin_decided_on_older_reads_never_leaves_out_a_process_they_do_not_
     arriving = threading.Thread(target=lambda: joined.append(newcomer.join(0)), daemon=True)
     arriving.start()  # it interrupts generation 1 (below its target, and it was never considered there)
     threads = rejoin(leader, *others)
-    wait_until(lambda: read_int(leader.store, keys.join_count(2)) == 4, 5, "all four to announce themselves")
+    wait_until(lambda: count_announcements(leader.store, 2) == 4, 5, "all four to announce themselves")
     gate.release()
     for t in (*threads, arriving):
         t.join(10)
@@ -121,16 +121,16 @@ def test_the_leader_forgets_an_old_generation_once_the_members_of_the_newest_arr
     newest = KEEP_GENERATIONS + 1
     for generation in range(1, newest + 1):
         store.set(keys.record(generation), GenerationRecord(generation, (0,), (1,), 0, 1, 1).to_json())
-        store.set(keys.join_count(generation), "1")
+        store.set(keys.joiners(generation), '{"slot": 0}\n')
     schedule = ForgetSchedule(patience_s=30.0)
     schedule.decided(newest)
     assert not schedule.run(store, None)  # being decided: its members read the store now
     assert not schedule.run(store, newest)  # running, but not everyone holds its record yet
-    assert get_or_none(store, keys.join_count(1)) is not None
+    assert get_or_none(store, keys.joiners(1)) is not None
     store.set(keys.all_arrived(newest), "1")
     assert schedule.run(store, newest)
     assert get_or_none(store, keys.record(1)) == keys.FORGOTTEN.encode()
-    assert get_or_none(store, keys.join_count(1)) is None
+    assert get_or_none(store, keys.joiners(1)) is None
 
     impatient = ForgetSchedule(patience_s=0.0)
     impatient.decided(newest + 1)

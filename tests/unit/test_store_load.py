@@ -67,15 +67,35 @@ def test_a_participant_at_steady_state_sends_at_most_two_requests_per_heartbeat_
             p.close()
 
 
+def test_a_member_announces_itself_in_one_request_as_it_rejoins(store_server: StoreServer, job_id: str) -> None:
+    """A member of an interrupted generation rejoins with one request before its wait for the record: the announcement
+    (an append; its lines are the count the leader polls). A counter beside the list cost every member a second
+    request on the advance's critical path (issue 17); the monitor, heartbeat and leader threads are not counted."""
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), Timing()).start() for slot in range(2)]
+    try:
+        join_together(*parts, timeout=30)
+        assert all(p.generation == 1 for p in parts)
+        parts[0].interrupt("test")
+        wait_until(lambda: all(p.interrupted for p in parts), 10, "both members to see the interrupt")
+        before = [_requests(p) for p in parts]
+        join_together(*parts, timeout=30)
+        assert all(p.generation == 2 for p in parts)
+        for p, b in zip(parts, before, strict=True):
+            sent = {op: n for (role, op), n in (_requests(p) - b).items() if role == "trainer"}
+            assert sent.get("append") == 1 and "add" not in sent, f"slot {p.slot}'s rejoin sent {sent}"
+    finally:
+        for p in parts:
+            p.close()
+
+
 def _generation(store: object, generation: int, world: int) -> None:
-    """What a generation of `world` members leaves in the store: its record, join list and counter, arrivals,
+    """What a generation of `world` members leaves in the store: its record, join list, arrivals,
     addresses, evidence, interrupt, probe, finish count, and gloo's rendezvous keys (8 bytes per peer each)."""
     record = GenerationRecord(generation=generation, members=tuple(range(world)), incarnations=(1,) * world,
                               leader=0, leader_term=1, target_world_size=world)
     store.compare_set(keys.record(generation), "", record.to_json())
     for slot in range(world):
         store.append(keys.joiners(generation), f'{{"slot": {slot}}}\n')
-        store.add(keys.join_count(generation), 1)
         store.add(keys.arrived(generation), 1)
         store.append(keys.addresses(generation), f"{slot} 127.0.0.1:{40000 + slot}\n")
         store.set(keys.gloo_rendezvous(generation, slot), b"\0" * 8 * world)
