@@ -28,6 +28,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STDERR] = os.dup(sys.stderr.fileno())  # the terminal's, before a test's output is captured
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    faulthandler.cancel_dump_traceback_later()
+    if _STDERR in config.stash:
+        os.close(config.stash[_STDERR])
+        del config.stash[_STDERR]
+
+
 def _timeout_of(item: pytest.Item) -> float:
     """The test's pytest-timeout limit: its marker's (`pytest.mark.timeout(30)`), else --timeout's, else the ini's
     (0: none)."""
