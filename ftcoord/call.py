@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -23,9 +24,20 @@ from ftcoord.store import wait_for_key
 from ftcoord.store_link import LinkedStore
 
 
+def _forget_failed_creation() -> None:
+    """After a default process group's creation failed: torch names a group, and its rendezvous keys, by the count of
+    groups this process created, and a failed creation counted one; its next default group would wait for keys its
+    peers, counting none, never write (seen: both members of the next generation stood in the rendezvous until they
+    were fenced as hung). torch resets the count when the default group is destroyed; here there is none to destroy."""
+    if not dist.is_initialized():
+        dist.distributed_c10d._world.group_count = 0
+
+
 class GenerationInterrupted(FtcoordError):
     """Raised by `CallWrapper.check()`: leave this generation; the wrapper rejoins."""
 
+
+_CUT_POLL_S = 0.05  # how often the watch of a process group's creation looks whether the creation ended
 
 # Messages of collectives that failed because a peer went away (gloo, NCCL).
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout",
@@ -190,11 +202,16 @@ class CallWrapper:
             torch.cuda.set_device(device_id)
         pausepoints.reached(pausepoints.BEFORE_RENDEZVOUS)
         self._meet_members()
+        pausepoints.reached(pausepoints.IN_RENDEZVOUS)
         pg_store = self._pg_store.view() if hasattr(self._pg_store, "view") else self._pg_store  # a real dist.Store
         store = dist.PrefixStore(keys.process_group(self.iteration), pg_store)
-        with group_sockets.opened_by(self._sockets):
-            dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
-                                    timeout=self._pg_timeout, device_id=device_id)
+        try:
+            with group_sockets.opened_by(self._sockets), self._cut_when_interrupted():
+                dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
+                                        timeout=self._pg_timeout, device_id=device_id)
+        except BaseException:
+            _forget_failed_creation()
+            raise
         self._group = dist.group.WORLD
         if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.evidence)
             evidence.publish_addresses(self.store, self.iteration, self.slot,
@@ -222,6 +239,39 @@ class CallWrapper:
             if time.monotonic() > deadline:
                 raise GenerationInterrupted(f"not every member of generation {generation} reached its rendezvous "
                                             f"within pg_timeout={self._pg_timeout.total_seconds():.0f}s")
+
+    @contextlib.contextmanager
+    def _cut_when_interrupted(self) -> Iterator[None]:
+        """Cut the process group's creation when the generation is interrupted meanwhile.
+
+        Every member reached the rendezvous (_meet_members), but one may still stop or die before it published its
+        address or answered the others' connections: torch then blocks in C++, deaf to the interrupt, until the
+        store's client gives up on the address (300 s) or gloo on the connection (pg_timeout). Seen in a random
+        schedule (a member paused there, then fenced and killed): its peer stood still for 300 s, and every
+        generation after it waited join_timeout for that live process that never joined. A watch of the interrupt
+        (a thread, for as long as the creation lasts) shuts down the rendezvous's store connection and the sockets
+        the creation opened, so it fails at once and the member rejoins like any other."""
+        if not isinstance(self._pg_store, LinkedStore):
+            yield  # a plain client: nothing of ours to cut
+            return
+        pg_store, monitor, done = self._pg_store, self._participant.monitor, threading.Event()
+        before = group_sockets.open_sockets()
+
+        def watch() -> None:
+            while not done.is_set():
+                if monitor.wait(_CUT_POLL_S) and not done.is_set():
+                    now = group_sockets.open_sockets()
+                    opened = {fd: inode for fd, inode in now.items() if before.get(fd) != inode}
+                    cut = pg_store.cut() + group_sockets.shut_down(opened)
+                    self._log.warning("process_group_creation_cut", reason=monitor.reason, sockets=cut)
+                    return
+
+        watcher = threading.Thread(target=watch, name=f"ftcoord-rendezvous-watch-{self.slot}", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def process_group(self) -> dist.ProcessGroup:
         """This generation's process group (created on first use, default backend)."""

@@ -34,7 +34,10 @@ JOIN_ANNOUNCED = "join.announced"
 """A process announced itself for a generation and is about to wait for its record."""
 BEFORE_RENDEZVOUS = "call.before_rendezvous"
 """A member of a decided generation is about to meet the others in the process-group rendezvous."""
-POINTS = (LEADER_CHECKED, LEADER_BEFORE_RECORD, JOIN_ANNOUNCED, BEFORE_RENDEZVOUS)
+IN_RENDEZVOUS = "call.in_rendezvous"
+"""Every member of a decided generation reached its rendezvous; this one is about to create the process group
+(publish its address, connect to the others), which blocks in C++ until they answer."""
+POINTS = (LEADER_CHECKED, LEADER_BEFORE_RECORD, JOIN_ANNOUNCED, BEFORE_RENDEZVOUS, IN_RENDEZVOUS)
 
 
 @dataclass

@@ -445,6 +445,13 @@ class LinkedStore:
         if connection is not None:
             group_sockets.shut_down(dict(connection.sockets))
 
+    def cut(self) -> int:
+        """Shut this client's connection down and forget it, from any thread: a call in flight on it (one of
+        `view()`'s, inside C++: a process group's rendezvous) fails at once; the next call opens a new connection
+        (the store is not taken for away). How many sockets were shut down."""
+        connection, self._connection = self._connection, None
+        return group_sockets.shut_down(dict(connection.sockets)) if connection is not None else 0
+
     @property
     def epoch(self) -> int:
         return self.link.epoch

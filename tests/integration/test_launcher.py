@@ -130,6 +130,37 @@ def test_a_member_dying_before_the_rendezvous_costs_no_process_group_timeout(
     run.assert_correct(60)
 
 
+def test_a_member_dying_inside_the_rendezvous_costs_no_process_group_timeout(
+    store_server: StoreServer, job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slot 1 stops after every member reached the first generation's rendezvous, before it created its process group
+    (a pause point), and is killed there: slot 0, blocked in torch's process-group creation (in C++, waiting for slot
+    1's address), leaves on the leader's interrupt instead of a store or process-group timeout (seen in a random
+    schedule: a member stuck for 300 s, and every generation after it waiting join_timeout for it)."""
+    markers = tmp_path / "pauses"
+    markers.mkdir()
+    monkeypatch.setenv(pausepoints.PAUSE_AT_ENV, f"{pausepoints.IN_RENDEZVOUS}@1")
+    monkeypatch.setenv(pausepoints.MARKERS_ENV, str(markers))
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--pg-timeout", "60", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        marker = markers / pausepoints.IN_RENDEZVOUS
+        wait_until(lambda: marker.exists() and marker.read_text(), 60, "slot 1 to stop inside the rendezvous")
+        wait_until(lambda: [e for e in run.logs("function_started") if e["slot"] == 0], 30,
+                   "slot 0 to start generation 1 (its process group comes next)")
+        killed_at = time.monotonic()
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        first = run.seconds_until("step", killed_at, 75, "a step of both slots after the kill",
+                                  where=lambda e: e["world_size"] == 2)
+        assert first < 10, f"{first:.1f}s: slot 0 must leave the process group's creation on the interrupt"
+        print(f"member killed inside the rendezvous: both slots training again after {first * 1000:.0f} ms")
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    run.assert_correct(60)
+
+
 def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     proc = launch(tmp_path, store_server.address, job_id, "--steps", "120", "--stall-at", "1:20",
                   "--progress-timeout", "1.5", nproc=2)

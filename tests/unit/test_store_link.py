@@ -338,6 +338,38 @@ def test_clients_made_side_by_side_in_one_process_own_only_their_own_sockets(sto
         each.close()
 
 
+def test_a_cut_client_fails_its_call_in_flight_at_once_and_its_next_call_reconnects(
+        store: Restartable, job_id: str) -> None:
+    """`cut()` (what a process group's creation gets when its generation is interrupted: ftcoord.call): a wait in
+    flight on the client's raw store, as torch's rendezvous sends it from C++, fails at once rather than after the
+    client's 300 s; the next call opens a new connection without taking the store for away (no reconnection of the
+    link's other clients)."""
+    each = link(store, job_id)
+    each.connect()
+    client, other = each.client(), each.client()
+    client.add("counter", 1)
+    raw = client.view()
+    failed: list[float] = []
+
+    def wait_in_flight() -> None:
+        started = time.monotonic()
+        try:
+            raw.wait(["never-written"])
+        except Exception:  # noqa: BLE001 - any failure: what counts is when
+            failed.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait_in_flight, daemon=True)
+    waiter.start()
+    time.sleep(0.2)  # the wait is sent (a cut before it is sent fails it too)
+    assert client.cut() == 1
+    waiter.join(10)
+    assert failed and failed[0] < 5, f"the wait in flight failed after {failed}s, not at once"
+    assert client.add("counter", 1) == 2  # a new connection, the same store
+    assert each.down is False and each.lost is None and each._session == 0  # noqa: SLF001 - not taken for away
+    assert other.add("counter", 1) == 3
+    each.close()
+
+
 def test_the_watchdog_sleeps_until_a_call_may_be_overdue_and_cuts_it_on_time(
         job_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An idle link's watchdog sleeps op_timeout (no call that starts meanwhile can be due sooner); one watching a
