@@ -207,6 +207,8 @@ class CallWrapper:
         store = dist.PrefixStore(keys.process_group(self.iteration), pg_store)
         try:
             with group_sockets.opened_by(self._sockets), self._cut_when_interrupted():
+                self._log.info("process_group_creating", backend=self._backend, rank=self.rank,
+                               world_size=self.world_size)
                 dist.init_process_group(self._backend, store=store, rank=self.rank, world_size=self.world_size,
                                         timeout=self._pg_timeout, device_id=device_id)
         except BaseException:
