@@ -262,9 +262,7 @@ class CallWrapper:
         def watch() -> None:
             while not done.is_set():
                 if monitor.wait(_CUT_POLL_S) and not done.is_set():
-                    now = group_sockets.open_sockets()
-                    opened = {fd: inode for fd, inode in now.items() if before.get(fd) != inode}
-                    cut = pg_store.cut() + group_sockets.shut_down(opened)
+                    cut = pg_store.cut() + group_sockets.shut_down(group_sockets.opened_since(before))
                     self._log.warning("process_group_creation_cut", reason=monitor.reason, sockets=cut)
                     return
 

@@ -40,12 +40,17 @@ def open_sockets() -> dict[int, str]:
     return found
 
 
+def opened_since(before: dict[int, str]) -> dict[int, str]:
+    """The sockets open now that were not in `before` (an earlier open_sockets()), a reused descriptor included."""
+    return {fd: inode for fd, inode in open_sockets().items() if before.get(fd) != inode}
+
+
 @contextmanager
 def opened_by(record: dict[int, str]) -> Iterator[None]:
     """Fill `record` with the sockets opened while the block runs."""
     before = open_sockets()
     yield
-    record.update({fd: inode for fd, inode in open_sockets().items() if before.get(fd) != inode})
+    record.update(opened_since(before))
 
 
 def shut_down(record: dict[int, str]) -> int:

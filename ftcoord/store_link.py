@@ -240,9 +240,7 @@ class StoreLink:
     def _store_sockets(self, before: dict[int, str]) -> dict[int, str]:
         """The sockets to the store opened since `before` (another thread may open others meanwhile)."""
         found = {}
-        for fd, inode in group_sockets.open_sockets().items():
-            if before.get(fd) == inode:
-                continue
+        for fd, inode in group_sockets.opened_since(before).items():
             try:
                 sock = socket.socket(fileno=os.dup(fd))
             except OSError:
