@@ -12,7 +12,7 @@ from pathlib import Path
 
 from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.scenario import JobSpec
-from ftcoord.supervisor import omp_threads_per_process
+from ftcoord.children_env import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
 from training.planted import PLANTED_BUG_ENV
 

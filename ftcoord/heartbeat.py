@@ -34,8 +34,9 @@ class Heartbeat:
     """A daemon thread that bumps `hb/<slot>` every interval, on its own store client: one store request per
     beat at steady state (ftcoord's store load per process is bounded: `chaos bench --scale`).
 
-    It also publishes the training thread's progress counter (bumped by `ping()` with no store operation),
-    so a process whose heartbeat thread runs but whose training thread is stuck can be told apart from a
+    It also publishes the training thread's progress counter (bumped by `ping()` with no store operation) and
+    the step it last committed in this generation (`<pings>/<step>`, `:w` appended while it waits on its
+    peers), so a process whose heartbeat thread runs but whose training thread is stuck can be told apart from a
     healthy one, and the slot's status for operators: each when it changed, but a change that only counts
     on is published at most every `publish_every` seconds (a new generation, a first commit, stopping to wait
     on peers: at the next beat; waiting on peers: once the training thread stood still for `publish_every`,
@@ -98,7 +99,11 @@ class Heartbeat:
         waiting = (self._progress == self._progress_at_beat and now - self._still_since >= self._publish_every
                    and self._waiting_on_peers())
         self._progress_at_beat = self._progress
-        progress = f"{self._progress}:w" if waiting else str(self._progress)
+        # With the step last committed in this generation: the leader compares still members by it, never by this
+        # process's count of pings (a replacement's starts at 0: ftcoord.judgement.Judge.hung_members).
+        step = self.report.step_in_generation() if self.report is not None else -1
+        counted = f"{self._progress}/{step}" if step >= 0 else str(self._progress)
+        progress = f"{counted}:w" if waiting else counted
         if progress != self._published_progress and (
                 waiting != self._published_progress.endswith(":w") or now - self._progress_at >= self._publish_every):
             self._store.set(keys.progress(self._slot), progress)
@@ -232,6 +237,10 @@ class LivenessObserver:
             self._seen[name] = (value, now, now)
         else:
             self._seen[name] = (value, previous[1], now)
+
+    def forget(self, name: str) -> None:
+        """Stop watching one counter: its silence is measured afresh from its next observation."""
+        self._seen.pop(name, None)
 
     def silent_for(self, name: str) -> float:
         """Seconds the counter was observed unchanged: from the read that first showed its value (or this

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ftcoord import evidence, keys
 from ftcoord.config import Timing
+from ftcoord.decisions import read_announcements
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts
@@ -126,13 +127,49 @@ class Judge:
             if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):
                 self._fence(slot, fact.incarnation, "heartbeat_stale", term)
 
+    def fence_stuck_outsiders(self, record: GenerationRecord, facts: dict[int, SlotFacts], read_at: float,
+                              next_generation: int, term: int) -> None:
+        """A process alive outside the running generation `record` whose training thread trained here once (it
+        pinged) but has not moved for progress_timeout, not waiting on peers, and has not announced itself for the
+        next generation: stuck where no interrupt reaches it (it hung while its generation ended for another cause:
+        a peer's fault). Nothing else judges it: its heartbeat runs, so each generation change waits join_timeout
+        for it, its capacity is lost, and at the job's end its launcher waits for it (random schedule, seed 404).
+        Fenced, so its launcher replaces it. A hot spare or a process still starting has never pinged; a former
+        member slow to come back, or seated as a spare, has announced itself (the announcements are read only when
+        there is a candidate, rarely)."""
+        if self._progress_timeout is None or math.isinf(self._progress_timeout):
+            return
+        members = set(record.members) | set(record.spares)  # a spare announces itself for the next one a moment later
+        candidates = []
+        for slot, fact in facts.items():
+            name = f"outside/{slot}"
+            if slot in members or fact.is_gone() or fact.progress == 0 or fact.waiting:
+                self.observer.forget(name)  # measured from when it is next seen outside, not from an older visit
+                continue
+            self.observer.observe(name, (fact.incarnation, fact.progress), at=read_at)
+            if self.observer.is_stale(name, self._progress_timeout) and (slot, fact.incarnation) not in self.fenced:
+                candidates.append(fact)
+        if not candidates:
+            return
+        announced = {join.slot for join in read_announcements(self._store, next_generation)[0]}
+        for fact in candidates:
+            if fact.slot not in announced:
+                self._log.warning("outsider_stuck", slot=fact.slot, incarnation=fact.incarnation,
+                                  generation=record.generation,
+                                  still_s=round(self.observer.silent_for(f"outside/{fact.slot}"), 3))
+                self._fence(fact.slot, fact.incarnation, "stuck_outside", term)
+
     def hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]], read_at: float) -> set[int]:
         """Members alive but making no progress for progress_timeout: the culprits only.
 
-        Peers of a stuck rank block in their next collective and go silent too; those
-        that sit in a collective are waiting, not stuck. If every silent member waits, the
-        one furthest behind is the culprit; if they are all level, nobody is fenced (a
-        collective deadlock: the process-group timeout ends it).
+        Peers of a stuck rank block in their next collective and go silent too; those that sit in a collective
+        are waiting, not stuck. If every silent member waits, the one behind the others by the step committed in
+        this generation is the culprit (stuck in a collective its peers went past); if they are all level, or
+        one has committed no step in this generation yet (it may wait in the heal), nobody is fenced (a
+        collective deadlock: the process-group timeout ends it). Never by a count of pings: that count is a
+        process's own, and a replacement's starts at 0, so the newest process looked furthest behind (random
+        schedule, seed 404: the stuck rank's last progress reached the store a beat after its peers', and for
+        that beat the fresh leader, waiting for it with the other peer, fenced itself).
         """
         if self._progress_timeout is None or math.isinf(self._progress_timeout):
             return set()
@@ -145,8 +182,8 @@ class Judge:
             if self.observer.is_stale(name, self._progress_timeout):
                 silent.append(fact)
         culprits = [f for f in silent if not f.waiting]
-        if not culprits and silent:
-            lowest = min(f.progress for f in silent)
-            if any(f.progress != lowest for f in silent):
-                culprits = [f for f in silent if f.progress == lowest]
+        if not culprits and silent and all(f.step >= 0 for f in silent):
+            behind = min(f.step for f in silent)
+            if any(f.step != behind for f in silent):
+                culprits = [f for f in silent if f.step == behind]
         return {f.slot for f in culprits}

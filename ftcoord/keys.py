@@ -53,7 +53,8 @@ def heartbeat(slot: int) -> str:
 
 
 def progress(slot: int) -> str:
-    """Counter bumped by `ping()` from the training thread."""
+    """`<pings>[/<step>][:w]`: the count of `ping()`s from the training thread, the step it last committed in its
+    generation, and whether it waits on its peers (ftcoord.heartbeat)."""
     return f"slot/{slot}/progress"
 
 

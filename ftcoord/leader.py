@@ -269,6 +269,8 @@ class LeaderDuty:
         self._judge.fence_hung_outsiders(record, facts, self._term)
 
         generation = next_generation(self._store, current)
+        if record is not None and record.failed is None and self._interrupted != current:
+            self._judge.fence_stuck_outsiders(record, facts, read_at, generation, self._term)
         if current == 0 or record is None or record.failed is not None or self._interrupted == current:
             return self._open_next(generation, facts, read_at, record, current)
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so

@@ -149,6 +149,12 @@ class SlotReport:
                     "steps_per_s": self._rate(), "in_process_restarts": self.in_process_restarts,
                     "checkpoint_stalls": asdict(self.checkpoint_stalls)}
 
+    def step_in_generation(self) -> int:
+        """The last step committed in this generation (-1: none yet): what the leader compares still members by
+        (ftcoord.judgement); a step from before the generation's heal says nothing about where it is now."""
+        with self._lock:
+            return self._commits[-1][1] if self._commits else -1
+
     def take_incidents(self) -> list[Incident]:
         with self._lock:
             taken, self._incidents = self._incidents, []

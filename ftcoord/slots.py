@@ -69,6 +69,9 @@ class SlotFacts:
     replacing: int
     replacing_beat: int = 0
     """Bumped by the launcher while the replacement is still starting (see keys.replacing)."""
+    step: int = -1
+    """The last step its training thread committed in its generation (published with its progress; -1: none yet,
+    or not told)."""
 
     def is_gone(self, incarnation: int | None = None) -> bool:
         """Dead, left or superseded: `incarnation` (default: the newest) will not come back."""
@@ -103,8 +106,9 @@ def read_facts_and(store: dist.Store, slots: list[int], also: list[str],
     for i, slot in enumerate(slots):
         raw = [v.decode() for v in values[i * width : i * width + width]]
         progress, _, waiting = raw[2].partition(":")
+        pings, _, step = progress.partition("/")
         replacing, _, beat = raw[5].partition(":")
         inc, hb, dead, left = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4]))
-        facts[slot] = SlotFacts(slot, inc, hb, int(progress or 0), waiting == "w", dead, left, int(replacing or 0),
-                                int(beat or 0))
+        facts[slot] = SlotFacts(slot, inc, hb, int(pings or 0), waiting == "w", dead, left, int(replacing or 0),
+                                int(beat or 0), int(step or -1))
     return extra, facts

@@ -26,9 +26,11 @@ import tenacity
 import torch.distributed as dist
 
 from ftcoord import env, keys, launcher_report, rebuild, scratch
+from ftcoord.children_env import children_env
 from ftcoord.decisions import LeaderClaim
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.heartbeat import mark_dead
+from ftcoord.job_end import JobEndWatch
 from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
@@ -71,23 +73,6 @@ class SlotProcess:
     replacing_beat_at: float = 0.0
 
 
-def omp_threads_per_process(nproc: int) -> str:
-    """Cores // processes (at least 1): N processes each spinning up a thread per core oversubscribe
-    the machine (ResNet-18 steps took 5 s instead of 0.2 s with 2 ranks on 2 cores)."""
-    return str(max(1, (os.cpu_count() or 1) // max(1, nproc)))
-
-
-def children_env(nproc: int) -> dict[str, str]:
-    """The launcher's environment for its processes, with OMP_NUM_THREADS split over them unless
-    the user set it (as torchrun does), and torch's C++ log level at ERROR unless the user set it:
-    ftcoord's store waits end in a timeout by design (a probe not yet answered, a slice of a watch),
-    and at torch's default level each one prints a c10d warning (hundreds a minute per process)."""
-    values = dict(os.environ)
-    values.setdefault("OMP_NUM_THREADS", omp_threads_per_process(nproc))
-    values.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    return values
-
-
 @dataclass
 class Supervisor:
     config: LaunchConfig
@@ -107,6 +92,7 @@ class Supervisor:
         self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
         self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
         self._fences_due = 0.0
+        self._job_end = JobEndWatch(self.config.grace_s)
         self._env = children_env(self.config.nproc)
         if "OMP_NUM_THREADS" not in os.environ:
             self._log.info("omp_threads_set", omp_num_threads=self._env["OMP_NUM_THREADS"],
@@ -241,8 +227,22 @@ class Supervisor:
             return EXIT_OK
         self._announce_replacements(now)
         self._fence(now)
+        self._end_outstayed(now)
         self._refresh_standby()
         return None
+
+    def _end_outstayed(self, now: float) -> None:
+        """Kill the children still running grace_s after the job was done: stuck (ftcoord.job_end). The next
+        tick reaps them as finished."""
+        running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
+        if not running or not self._job_end.outstayed(self.store, now):
+            return
+        for slot in running:
+            assert slot.process is not None
+            self._log.warning("child_ended_after_job_done", slot=slot.slot, pid=slot.process.pid,
+                              incarnation=slot.incarnation, grace_s=self.config.grace_s)
+            slot.process.kill()
+            wait_killed(slot.process)  # reaped by the next tick, not killed again by it
 
     def _replacement_coming(self, slot: SlotProcess, registered: int) -> None:
         """Say a replacement is coming *before* the death is known (a fenced process not yet reaped, an
@@ -269,6 +269,7 @@ class Supervisor:
             mark_dead(self.store, slot.slot, slot.incarnation)
         self._log.warning("child_exited", slot=slot.slot, pid=pid, code=code, incarnation=slot.incarnation)
         if get_or_none(self.store, keys.DONE) is not None:
+            self._job_end.saw_done(time.monotonic())
             slot.finished = True
             return None
         fatal = get_or_none(self.store, keys.FATAL)

@@ -152,6 +152,61 @@ def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, j
     run.assert_correct(120)
 
 
+def test_a_rank_stuck_when_its_generation_ended_for_another_cause_is_fenced_and_replaced(
+        store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Slot 2's training thread sticks at step 20 (its heartbeat runs on); before the progress timeout a peer is
+    SIGKILLed, so the generation ends for that cause and the next is decided without slot 2, which never comes
+    back to announce itself. Nothing judged it there (random schedule, seed 404): every generation change waited
+    join_timeout for it, its capacity was lost, and after the job its launcher waited for it. Now it is fenced
+    once outside and still for the progress timeout; its replacement joins and the job ends."""
+    progress_timeout = 2.0
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "400", "--stall-at", "2:20",
+                  "--progress-timeout", str(progress_timeout), nproc=3)
+    run = AllreduceRun(tmp_path)
+    try:
+        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
+        os.kill(run.pid_of(1), signal.SIGKILL)
+        fenced = wait_until(lambda: [e for e in run.logs("rank_fenced_killed") if e["pid"] == stall["pid"]], 30,
+                            "the stuck rank, outside every generation since the kill, to be fenced")[0]
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    judged = run.logs("outsider_stuck")
+    assert [e["slot"] for e in judged] == [2], judged
+    waited = fenced["mono"] - stall["mono"]
+    print(f"stuck outside its generation: fenced {waited:.2f} s after it stuck")
+    assert waited <= 2 * progress_timeout + 2.0, f"fenced {waited:.2f} s after it stuck"
+    back = [e for e in run.events("generation") if e["slot"] == 2 and e["pid"] != stall["pid"]]
+    assert back and back[0]["world_size"] == 3, "the replacement of the stuck rank never joined"
+    run.assert_correct(400)
+
+
+def test_a_child_still_running_after_the_job_is_done_is_ended_after_the_grace_period(
+        store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """As above, with the progress timeout too long to judge the stuck rank before the job ends: the job finishes
+    without it, and its launcher, which waits for every child, waited with it (the stall sleeps an hour). Now it
+    ends it once the grace period after the job's end ran out, and exits 0: the job is complete."""
+    grace = 1.0
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--stall-at", "2:20",
+                  "--progress-timeout", "600", nproc=3, launcher_args=("--grace", str(grace)))
+    run = AllreduceRun(tmp_path)
+    try:
+        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
+        os.kill(run.pid_of(1), signal.SIGKILL)
+        code, out = finish(proc, timeout=60)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    ended = run.logs("child_ended_after_job_done")
+    assert [(e["slot"], e["pid"]) for e in ended] == [(2, stall["pid"])], ended
+    done = max(e["mono"] for e in run.logs("child_finished"))
+    print(f"the stuck child was ended {ended[0]['mono'] - done:.2f} s after the last child finished")
+    assert ended[0]["mono"] - done <= grace + 1.5  # DONE_POLL_S, a tick
+    assert not run.logs("outsider_stuck")
+    run.assert_correct(60)
+
+
 def test_killing_the_leader_process_is_survived(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     from ftcoord import connect, job_store
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ftcoord.supervisor import children_env
+from ftcoord.children_env import children_env
 
 pytestmark = pytest.mark.timeout(10)
 

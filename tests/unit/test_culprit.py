@@ -1,0 +1,146 @@
+"""Whom the leader fences as stuck (ftcoord.judgement): among silent members the culprit, never a peer that waits
+for it in a collective (Judge.hung_members); outside the running generation a process whose training thread
+stopped where no interrupt reaches it (Judge.fence_stuck_outsiders). The judgement is fed reads as the leader
+makes them (facts and the time they were read) against a real store; the step each member publishes is checked
+through a real heartbeat."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ftcoord import StoreServer, Timing, connect, job_store, keys
+from ftcoord.heartbeat import Heartbeat
+from ftcoord.judgement import Judge
+from ftcoord.log import get_logger
+from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.slot_report import SlotReport
+from ftcoord.slots import SlotFacts, read_facts, register
+from ftcoord.store import get_or_none
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+PROGRESS_TIMEOUT = 1.0
+TIMING = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.3, barrier_timeout=10.0)
+
+
+def member(slot: int, pings: int, step: int, waiting: bool) -> tuple[int, int, SlotFacts]:
+    """A member as one read shows it: `pings` is its process's own count, `step` its last committed step."""
+    return slot, 1, SlotFacts(slot, 1, heartbeat=100, progress=pings, waiting=waiting, dead=0, left=0, replacing=0,
+                              step=step)
+
+
+def judge(store_server: StoreServer, job_id: str) -> Judge:
+    return Judge(job_store(connect(store_server.address), job_id), TIMING, PROGRESS_TIMEOUT, get_logger())
+
+
+def test_members_waiting_on_a_member_not_silent_yet_are_not_fenced(store_server: StoreServer, job_id: str) -> None:
+    """Seed 404 of the random schedule: slot 2 stalls at a step boundary; slots 0 and 1 wait for it in the next
+    step's all-reduce. Slot 0 is a replacement (its count of pings is 6 where its peers' are ~40), and slot 2's
+    last progress reached the store a moment after its peers' (its publication is rate-limited, and it was
+    paused). For that moment the waiters were silent and slot 2 not yet: the leader fenced slot 0, the fresh
+    process furthest behind by pings, and slot 2 then sat outside every generation."""
+    judgement = judge(store_server, job_id)
+    t0 = time.monotonic()
+    waiters = [member(0, 6, 18, waiting=True), member(1, 41, 18, waiting=True)]
+    assert judgement.hung_members(3, [*waiters, member(2, 39, 17, waiting=False)], t0) == set()
+    late = t0 + 0.4  # slot 2's last progress, published a moment after its peers'
+    culprit = member(2, 40, 18, waiting=False)
+    assert judgement.hung_members(3, [*waiters, culprit], late) == set()
+    waiters_silent = t0 + PROGRESS_TIMEOUT + 0.1  # the waiters are silent, slot 2 not for another 0.3 s
+    assert judgement.hung_members(3, [*waiters, culprit], waiters_silent) == set(), (
+        "a member waiting for a peer that is not silent yet was fenced")
+    culprit_silent = late + PROGRESS_TIMEOUT + 0.1
+    assert judgement.hung_members(3, [*waiters, culprit], culprit_silent) == {2}
+
+
+def test_members_all_waiting_are_judged_by_step_not_by_their_own_count_of_pings(store_server: StoreServer,
+                                                                                job_id: str) -> None:
+    """Every silent member waiting: the culprit is the one a step behind (stuck in a collective its peers went
+    past); all level is a collective deadlock, left to the process-group timeout. A replacement's count of pings
+    is lower than its peers' and says nothing about where it is."""
+    judgement = judge(store_server, job_id)
+    t0 = time.monotonic()
+    level = [member(0, 6, 18, waiting=True), member(1, 41, 18, waiting=True), member(2, 40, 18, waiting=True)]
+    judgement.hung_members(3, level, t0)
+    assert judgement.hung_members(3, level, t0 + PROGRESS_TIMEOUT + 0.1) == set(), (
+        "the replacement, lowest by its count of pings, was fenced though every member is at the same step")
+    behind = [member(0, 6, 18, waiting=True), member(1, 40, 17, waiting=True), member(2, 40, 18, waiting=True)]
+    judgement.hung_members(4, behind, t0)
+    assert judgement.hung_members(4, behind, t0 + PROGRESS_TIMEOUT + 0.1) == {1}
+    # No step committed in this generation yet (-1: in the heal, or a loop that never sets call.step): unknown,
+    # not behind; the deadlock is left to the process-group timeout.
+    unknown = [member(0, 6, -1, waiting=True), member(1, 40, 18, waiting=True), member(2, 40, 18, waiting=True)]
+    judgement.hung_members(5, unknown, t0)
+    assert judgement.hung_members(5, unknown, t0 + PROGRESS_TIMEOUT + 0.1) == set(), (
+        "a member whose step in this generation is unknown was taken for the one behind")
+
+
+def test_a_member_publishes_its_last_committed_step_with_its_progress(store_server: StoreServer,
+                                                                      job_id: str) -> None:
+    """What the rule above compares reaches the leader: the step the training thread last committed in its
+    generation, read back with the slot's facts (-1 before any commit in it)."""
+    store = job_store(connect(store_server.address), job_id)
+    register(store, 5)
+    report = SlotReport(slot=5)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=5, interval=0.05, report=report,
+                          publish_every=0.1)
+    heartbeat.start()
+    try:
+        wait_until(lambda: read_facts(store, [5])[5].heartbeat > 1, 5, "the heartbeat to beat")
+        assert read_facts(store, [5])[5].step == -1
+        for step in range(1, 8):
+            heartbeat.ping()
+            report.committed(step)
+        facts = wait_until(lambda: (f := read_facts(store, [5])[5]).step == 7 and f, 5, "step 7 published")
+        assert facts.progress == 7 and not facts.waiting
+        report.joined(generation=2, rank=0, heal_source=0, start_step=7, world_size=1)
+        heartbeat.ping()  # a change of progress, so the next publication (at most publish_every away) carries it
+        wait_until(lambda: read_facts(store, [5])[5].step == -1, 5, "no step in the new generation yet")
+    finally:
+        heartbeat.stop()
+
+
+def outsider(slot: int, pings: int, waiting: bool = False) -> SlotFacts:
+    return SlotFacts(slot, 1, heartbeat=100, progress=pings, waiting=waiting, dead=0, left=0, replacing=0)
+
+
+def running(generation: int, members: list[int], spares: tuple[int, ...] = ()) -> GenerationRecord:
+    return GenerationRecord(generation=generation, members=tuple(members), incarnations=tuple(1 for _ in members),
+                            leader=0, leader_term=1, target_world_size=3, spares=spares)
+
+
+def test_a_process_stuck_outside_the_running_generation_is_fenced_and_nobody_else(store_server: StoreServer,
+                                                                                   job_id: str) -> None:
+    """Outside generation 4 (members 0 and 1), all alive and still for the progress timeout: slot 2 trained here
+    once and never came back (stuck: fenced); slot 3 trained once and has announced itself for generation 5 (slow
+    to come back, not stuck); slot 4 is a seated spare (it announces itself for the next one a moment after each
+    decision); slot 5 waits on its peers; spare 100000 never trained (a hot spare, or a process starting)."""
+    store = job_store(connect(store_server.address), job_id)
+    judgement = judge(store_server, job_id)
+    store.append(keys.joiners(5), JoinRequest(5, 3, 1, 12).to_json() + "\n")
+    facts = {2: outsider(2, 40), 3: outsider(3, 12), 4: outsider(4, 30), 5: outsider(5, 9, waiting=True),
+             100000: outsider(100000, 0)}
+    t0 = time.monotonic()
+    judgement.fence_stuck_outsiders(running(4, [0, 1], spares=(4,)), facts, t0, 5, term=1)
+    assert not judgement.fenced, "fenced before the progress timeout"
+    judgement.fence_stuck_outsiders(running(4, [0, 1], spares=(4,)), facts, t0 + PROGRESS_TIMEOUT + 0.1, 5, term=1)
+    assert set(judgement.fenced) == {(2, 1)}
+    assert get_or_none(store, keys.fence(2)) == b"1:1"
+
+
+def test_an_outsiders_stillness_is_measured_from_when_it_is_seen_outside_again(store_server: StoreServer,
+                                                                              job_id: str) -> None:
+    """A process seen outside, then a member (it joined; no step yet), then outside again (its generation ended
+    before its first step): its stillness starts again when it leaves, not at the first sighting."""
+    judgement = judge(store_server, job_id)
+    facts = {2: outsider(2, 40)}
+    t0 = time.monotonic()
+    judgement.fence_stuck_outsiders(running(4, [0, 1]), facts, t0, 5, term=1)
+    judgement.fence_stuck_outsiders(running(5, [0, 1, 2]), facts, t0 + 0.5, 6, term=1)
+    judgement.fence_stuck_outsiders(running(6, [0, 1]), facts, t0 + PROGRESS_TIMEOUT + 0.1, 7, term=1)
+    assert not judgement.fenced, "a process that was a member a moment ago was fenced as stuck outside"
+    judgement.fence_stuck_outsiders(running(6, [0, 1]), facts, t0 + 2 * PROGRESS_TIMEOUT + 0.2, 7, term=1)
+    assert set(judgement.fenced) == {(2, 1)}
