@@ -5,7 +5,9 @@ the read that first showed its value and the latest read, so an observer paused 
 judgement calls nobody dead. Evidence (a launcher's dead mark, a connection closed under a collective and no
 answer to the leader's question: ftcoord.evidence) needs no waiting; silence for heartbeat_timeout is the
 last resort. A member alive but making no progress for progress_timeout is stuck: only the culprit is fenced
-(its launcher kills it, so its peers fail at once), never a peer that waits for it in a collective.
+(its launcher kills it, so its peers fail at once), never a peer that waits for it in a collective. A process
+stuck outside the running generation (it hung while its generation ended for another cause) is fenced too, or
+it would stay outside for good, alive and never joining.
 
 A fenced process's launcher answers within FENCE_POLL_S: it says a replacement is on its way, then kills it (or
 marks it dead, with no replacement to come). Until that answer, or FENCE_ANSWER_S, the leader does not decide a
