@@ -213,6 +213,10 @@ class CallWrapper:
                                         timeout=self._pg_timeout, device_id=device_id)
         except BaseException:
             _forget_failed_creation()
+            # No group to tear down later: what the failed creation left connected goes down now, so no peer
+            # stays blocked on a half-made group's connection, and no descriptor leaks per failed creation.
+            released = group_sockets.shut_down(self._sockets)
+            self._log.info("process_group_creation_failed", sockets=released)
             raise
         self._group = dist.group.WORLD
         if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.evidence)

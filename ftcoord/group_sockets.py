@@ -47,10 +47,13 @@ def opened_since(before: dict[int, str]) -> dict[int, str]:
 
 @contextmanager
 def opened_by(record: dict[int, str]) -> Iterator[None]:
-    """Fill `record` with the sockets opened while the block runs."""
+    """Fill `record` with the sockets opened while the block runs, whether it returns or raises (a failed
+    process-group creation may leave connections to the peers that did connect)."""
     before = open_sockets()
-    yield
-    record.update(opened_since(before))
+    try:
+        yield
+    finally:
+        record.update(opened_since(before))
 
 
 def shut_down(record: dict[int, str]) -> int:
