@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import tenacity
 import torch.distributed as dist
 
 from ftcoord import env, keys, launcher_report, rebuild, scratch
@@ -35,6 +34,7 @@ from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
+from ftcoord.restart_delay import RestartDelay
 from ftcoord.standby import ForkedProcess, PythonCommand
 from ftcoord.standby_keeper import StandbyKeeper
 from ftcoord.store import get_or_none, read_int
@@ -71,6 +71,9 @@ class SlotProcess:
     """The incarnation announced as on its way (keys.replacing) until it registers; 0 when none."""
     replacing_beat: int = 0
     replacing_beat_at: float = 0.0
+    delay: RestartDelay = field(default_factory=RestartDelay)
+    """Before its next process: at once after a fault, backing off only while its processes die before they
+    come up (ftcoord.restart_delay)."""
 
 
 @dataclass
@@ -90,7 +93,6 @@ class Supervisor:
         if self.config.restart_policy == "job":
             self._use_standby = False  # the whole-job restart baseline starts every process afresh
         self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
-        self._backoff = tenacity.wait_exponential(multiplier=0.25, max=5.0)
         self._fences_due = 0.0
         self._job_end = JobEndWatch(self.config.grace_s)
         self._env = children_env(self.config.nproc)
@@ -290,9 +292,7 @@ class Supervisor:
             return EXIT_RESTARTS_EXHAUSTED
         slot.restarts += 1
         slot.restart_kinds[launcher_report.exit_kind(code, slot.fence_killed)] += 1
-        state = tenacity.RetryCallState(None, None, (), {})
-        state.attempt_number = slot.restarts - 1
-        delay = 0.0 if slot.restarts == 1 else float(self._backoff(state))
+        delay = slot.delay.after(came_up=registered >= slot.incarnation)
         slot.restart_due = time.monotonic() + delay
         self._log.info("slot_restart_scheduled", slot=slot.slot, delay_s=delay, restarts=slot.restarts)
         return None

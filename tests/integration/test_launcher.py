@@ -207,6 +207,30 @@ def test_a_child_still_running_after_the_job_is_done_is_ended_after_the_grace_pe
     run.assert_correct(60)
 
 
+def test_a_slot_killed_again_and_again_is_replaced_at_once_every_time(store_server: StoreServer, job_id: str,
+                                                                      tmp_path: Path) -> None:
+    """Each replacement of slot 1 comes up, trains, and is SIGKILLed: four faults, not a crash loop. Every
+    replacement starts at once; before, the delay grew with the slot's restarts (0.25, 0.5, 1 s...) and every
+    member waited for it (ftcoord.restart_delay)."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "600", nproc=2,
+                  launcher_args=("--max-restarts", "8"))
+    run = AllreduceRun(tmp_path)
+    killed: list[int] = []
+    try:
+        for _ in range(4):
+            trained = wait_until(lambda: [e for e in run.events("step") if e["slot"] == 1 and e["pid"] not in killed],
+                                 60, "slot 1's next process to train")
+            killed.append(trained[0]["pid"])
+            os.kill(killed[-1], signal.SIGKILL)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    delays = [e["delay_s"] for e in run.logs("slot_restart_scheduled")]
+    assert delays == [0.0] * 4, f"a replacement of a process that had come up waited: {delays}"
+    run.assert_correct(600)
+
+
 def test_killing_the_leader_process_is_survived(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     from ftcoord import connect, job_store
 
