@@ -8,7 +8,10 @@ Recovery at the speed of evidence, not of timeouts:
   silence for heartbeat_timeout is the last resort;
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
   (one generation change, the world size kept, however slow a cold start); a process that is alive
-  but slow to join, up to join_timeout after the last arrival; then a partial quorum.
+  but slow to join, up to join_timeout after the last arrival; then a partial quorum. Once: a process left out so
+  (alive, the same incarnation) is not waited for again until it announces itself (`still_left_out`), or every
+  later generation change waited join_timeout for it (a training thread stuck while its generation ended for
+  another cause never comes back; random schedule seed 777: four changes in a row, 3 s each, until the job ended).
 
 The rule reads nothing from the store: the leader (ftcoord.leader) brings what it observed this round and
 the generation's announcements, and keeps one OpenClock per open generation across its rounds.
@@ -42,19 +45,23 @@ class Readiness:
     expecting: int
     """How many announcements to poll for before judging again: the next one, or, when some
     are missing, all of theirs."""
+    missing: frozenset[int] = frozenset()
+    """Slots awaited that have not joined (a decision now leaves them out)."""
 
 
 def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFacts], clock: OpenClock, now: float,
               judge: Judge, previous: GenerationRecord | None, running: bool, policy: QuorumPolicy,
-              timing: Timing) -> Readiness:
+              timing: Timing, left_out: dict[int, int] | None = None) -> Readiness:
     """Whether to decide now, given the live joiners (announcements whose incarnation is alive) and `announced`
-    (how many announcements were made); `running`: a member of the previous generation is alive."""
+    (how many announcements were made); `running`: a member of the previous generation is alive; `left_out`:
+    slot -> incarnation already left out at a last call, not awaited again (`still_left_out`)."""
     if len(live) != clock.joiners_seen:
         clock.joiners_seen, clock.last_change = len(live), now
     joined_slots = {j.slot for j in live}
     # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
     gone = judge.gone_by_evidence(previous, joined_slots)
-    expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone}
+    left_out = left_out or {}
+    expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone and left_out.get(s) != f.incarnation}
     on_its_way: set[int] = set()
     if len(live) < policy.target_world_size:
         # Below target: wait for replacements a launcher is starting, rather than shrink now
@@ -76,4 +83,17 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
         last_call = now - clock.first_seen >= timing.barrier_timeout
     else:
         last_call = now - clock.last_change >= timing.join_timeout
-    return Readiness(decide=everyone or last_call, everyone=everyone, expecting=announced + max(1, len(missing)))
+    return Readiness(decide=everyone or last_call, everyone=everyone, expecting=announced + max(1, len(missing)),
+                     missing=frozenset(missing))
+
+
+def still_left_out(record: GenerationRecord, missing: frozenset[int], facts: dict[int, SlotFacts],
+                   before: dict[int, int]) -> dict[int, int]:
+    """After deciding `record` without the awaited slots `missing`: slot -> incarnation of the processes alive and
+    left out, not to be awaited again. One stays so until it announces itself (the record considered it) or its
+    slot has a new incarnation; a replacement on its way is a new incarnation, never left out."""
+    considered = {slot for slot, _ in record.considered}
+    kept = {s: i for s, i in before.items() if s not in considered and s in facts and facts[s].incarnation == i}
+    kept.update({s: facts[s].incarnation for s in missing if s in facts and not facts[s].being_replaced
+                 and s not in considered})
+    return kept

@@ -9,7 +9,7 @@ from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.judgement import FENCE_ANSWER_S, Judge
 from ftcoord.log import get_logger
-from ftcoord.readiness import OpenClock, readiness
+from ftcoord.readiness import OpenClock, readiness, still_left_out
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import SlotFacts
 
@@ -62,3 +62,48 @@ def test_a_fenced_member_is_waited_for_until_its_launcher_answers(store_server: 
     # ... and the leader looks again right when that is due, not a tick or a round later
     assert abs(judge.until_fences_answered(fenced_at + 0.1) - (FENCE_ANSWER_S - 0.1)) < 1e-6
     assert judge.until_fences_answered(fenced_at + FENCE_ANSWER_S + 0.01) == math.inf
+
+
+def test_a_process_left_out_at_a_last_call_is_not_awaited_again_until_it_announces(store_server: StoreServer,
+                                                                                    job_id: str) -> None:
+    """Slot 2 is alive (its heartbeat runs) but its training thread never comes back to join (stuck while its
+    generation ended for another cause). The first decision waits join_timeout for it, as for any slow process;
+    every later one waited join_timeout again (random schedule, seed 777: four generation changes in a row, 3 s
+    each). Left out once, it is not awaited again, until it announces itself or a new incarnation takes its slot."""
+    timing, clock = Timing(), Clock()
+    judge = Judge(job_store(connect(store_server.address), job_id), timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    facts = {s: _facts(s, beat=10) for s in (0, 1, 2)}
+    judge.observe(facts, read_at=clock.now)
+    clock.now += 1.0
+    facts = {s: _facts(s, beat=12) for s in (0, 1, 2)}
+    judge.observe(facts, read_at=clock.now)
+    previous = GenerationRecord(generation=3, members=(0, 1, 2), incarnations=(2, 2, 2), leader=0, leader_term=1,
+                                target_world_size=3)
+    live = [JoinRequest(4, s, 2, 30) for s in (0, 1)]
+    at = clock.now
+
+    def ready(left_out: dict[int, int], now: float, clock: OpenClock | None = None):  # type: ignore[no-untyped-def]
+        return readiness(live, len(live), facts, clock or OpenClock(at, at), now, judge, previous, True,
+                         QuorumPolicy(3), timing, left_out)
+
+    open_clock = OpenClock(at, at)
+    first = ready({}, at, open_clock)
+    assert not first.decide and first.missing == {2}, "a live process is waited for, the first time"
+    last_call = ready({}, at + timing.join_timeout, open_clock)
+    assert last_call.decide and not last_call.everyone and last_call.missing == {2}
+    record = GenerationRecord(generation=4, members=(0, 1), incarnations=(2, 2), leader=0, leader_term=1,
+                              target_world_size=3, considered=((0, 2), (1, 2)))
+    left_out = still_left_out(record, last_call.missing, facts, {})
+    assert left_out == {2: 2}
+    again = ready(left_out, at)
+    assert again.decide and again.everyone, "a process left out at the last call was awaited again"
+    # Still not announced at the next decision: it stays left out; announced, or a new incarnation: it does not.
+    assert still_left_out(record, again.missing, facts, left_out) == {2: 2}
+    joined = GenerationRecord(generation=5, members=(0, 1, 2), incarnations=(2, 2, 2), leader=0, leader_term=1,
+                              target_world_size=3, considered=((0, 2), (1, 2), (2, 2)))
+    assert still_left_out(joined, frozenset(), facts, left_out) == {}
+    replaced = {**facts, 2: SlotFacts(slot=2, incarnation=3, heartbeat=1, progress=0, waiting=False, dead=0, left=0,
+                                      replacing=0)}
+    assert still_left_out(record, frozenset(), replaced, left_out) == {}
+    assert not ready({2: 1}, at).decide, "an older incarnation's absence excuses the newer one's"
