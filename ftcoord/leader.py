@@ -68,7 +68,7 @@ from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.monitor import ran_its_course
 from ftcoord.proposal import Proposer
-from ftcoord.readiness import OpenClock, still_left_out
+from ftcoord.readiness import OpenClock, known_left_out, still_left_out
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts, parse_slots, read_facts_and
 from ftcoord.store import get_or_none, woken
@@ -315,8 +315,9 @@ class LeaderDuty:
         slot it read this round announced itself, then confirms the interrupt and decides on this round's reads.
         When they do not all come (one died meanwhile: its dead mark is newer than this round's reads), or stop
         coming for a moment, it confirms the interrupt and judges afresh in a new round."""
+        left_out = known_left_out(record, self._left_out)
         alive = sum(1 for slot, fact in facts.items()
-                    if self._judge.alive(fact) and self._left_out.get(slot) != fact.incarnation)
+                    if self._judge.alive(fact) and left_out.get(slot) != fact.incarnation)
         everyone = not self._paused_since(read_at) and self._await_joiners(generation, alive, stall_s=_STALL_S)
         if not self._store.check([keys.interrupt(current)]):
             self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.wait_for_key)
@@ -355,16 +356,16 @@ class LeaderDuty:
         now = time.monotonic()
         clock = self._open.setdefault(generation, OpenClock(now, now))
         proposer = Proposer(self._slot, self._term, self._policy, self._timing)
+        left_out = known_left_out(previous, self._left_out)
         proposal = proposer.propose(generation, joins, announced, facts, read_at, clock, now, self._judge, previous,
-                                    running, fresh, self._left_out)
+                                    running, fresh, left_out)
         self._expecting = proposal.ready.expecting
         record = proposal.record
         if record is None:
             return False
         if record.failed is None:
-            if self._stop_asked():
-                record = replace(record, stop=True)
-            self._left_out = still_left_out(record, proposal.ready.missing, facts, self._left_out)
+            self._left_out = still_left_out(record, proposal.ready.missing, facts, left_out)
+            record = replace(record, stop=self._stop_asked(), left_out=tuple(sorted(self._left_out.items())))
         return self._write(record, current, partial=not proposal.ready.everyone)
 
     def _stop_asked(self) -> bool:

@@ -87,6 +87,11 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
                      missing=frozenset(missing))
 
 
+def known_left_out(previous: GenerationRecord | None, own: dict[int, int]) -> dict[int, int]:
+    """Who is left out, as the previous record says (its leader may have been another) and as this leader knows."""
+    return {**dict(previous.left_out), **own} if previous is not None and previous.failed is None else dict(own)
+
+
 def still_left_out(record: GenerationRecord, missing: frozenset[int], facts: dict[int, SlotFacts],
                    before: dict[int, int]) -> dict[int, int]:
     """After deciding `record` without the awaited slots `missing`: slot -> incarnation of the processes alive and

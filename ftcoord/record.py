@@ -72,6 +72,9 @@ class GenerationRecord:
     stop: bool = False
     """A stop (keys.STOP) was asked when this generation was decided: its members stop at its first boundary,
     together (ftcoord.monitor)."""
+    left_out: tuple[tuple[int, int], ...] = ()
+    """(slot, incarnation) of the live processes left out at a last call and not awaited again until they announce
+    themselves (ftcoord.readiness.still_left_out): in the record, so a new leader does not wait for them once more."""
 
     @property
     def world_size(self) -> int:
@@ -115,4 +118,5 @@ class GenerationRecord:
         for key in ("members", "incarnations", "spares", "steps"):
             data[key] = tuple(data[key])
         data["considered"] = tuple(tuple(pair) for pair in data["considered"])
+        data["left_out"] = tuple(tuple(pair) for pair in data.get("left_out", ()))
         return cls(**data)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.judgement import FENCE_ANSWER_S, Judge
 from ftcoord.log import get_logger
-from ftcoord.readiness import OpenClock, readiness, still_left_out
+from ftcoord.readiness import OpenClock, known_left_out, readiness, still_left_out
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import SlotFacts
 
@@ -107,3 +108,7 @@ def test_a_process_left_out_at_a_last_call_is_not_awaited_again_until_it_announc
                                       replacing=0)}
     assert still_left_out(record, frozenset(), replaced, left_out) == {}
     assert not ready({2: 1}, at).decide, "an older incarnation's absence excuses the newer one's"
+    # A new leader knows it from the record its predecessor wrote (or it would wait for it once more).
+    written = GenerationRecord.from_json(replace(record, left_out=tuple(sorted(left_out.items()))).to_json())
+    assert known_left_out(written, {}) == {2: 2}
+    assert known_left_out(None, {}) == {}
