@@ -106,6 +106,9 @@ class Judge:
         if (slot, incarnation) in self.fenced:
             return
         self._store.set(keys.fence(slot), f"{term}:{incarnation}")
+        # One entry per slot: a fence of an older incarnation is answered (that process is gone) and never asked
+        # about again, so a long-lived leader's memory does not grow with the fences of a long job.
+        self.fenced = {key: at for key, at in self.fenced.items() if key[0] != slot}
         self.fenced[(slot, incarnation)] = time.monotonic()
         self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
 

@@ -144,3 +144,17 @@ def test_an_outsiders_stillness_is_measured_from_when_it_is_seen_outside_again(s
     assert not judgement.fenced, "a process that was a member a moment ago was fenced as stuck outside"
     judgement.fence_stuck_outsiders(running(6, [0, 1]), facts, t0 + 2 * PROGRESS_TIMEOUT + 0.2, 7, term=1)
     assert set(judgement.fenced) == {(2, 1)}
+
+
+def test_the_leader_remembers_one_fence_per_slot(store_server: StoreServer, job_id: str) -> None:
+    """A fence is remembered so it is written once; a newer incarnation's fence replaces the older one's (that process
+    is gone), so a leader's memory of fences stays one entry per slot over a long job."""
+    judgement = judge(store_server, job_id)
+    t0 = time.monotonic()
+    for incarnation in range(1, 6):
+        facts = {2: SlotFacts(2, incarnation, heartbeat=100, progress=40, waiting=False, dead=0, left=0,
+                              replacing=0)}
+        judgement.fence_stuck_outsiders(running(4, [0, 1]), facts, t0 + incarnation * 10, 5, term=1)
+        judgement.fence_stuck_outsiders(running(4, [0, 1]), facts, t0 + incarnation * 10 + PROGRESS_TIMEOUT + 0.1, 5,
+                                        term=1)
+    assert list(judgement.fenced) == [(2, 5)]
