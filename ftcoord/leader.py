@@ -68,7 +68,7 @@ from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.monitor import ran_its_course
 from ftcoord.proposal import Proposer
-from ftcoord.readiness import OpenClock, known_left_out, still_left_out
+from ftcoord.readiness import OpenClock, left_out_by, still_left_out
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts, parse_slots, read_facts_and
 from ftcoord.store import get_or_none, woken
@@ -110,7 +110,6 @@ class LeaderDuty:
         self._quiet: int | None = None  # the generation its last wait found running
         self._forgetting = ForgetSchedule(timing.heartbeat_timeout)
         self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.generation)
-        self._left_out: dict[int, int] = {}  # slot -> incarnation left out at a last call (ftcoord.readiness)
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
         self._slept = 0.0
@@ -315,7 +314,7 @@ class LeaderDuty:
         slot it read this round announced itself, then confirms the interrupt and decides on this round's reads.
         When they do not all come (one died meanwhile: its dead mark is newer than this round's reads), or stop
         coming for a moment, it confirms the interrupt and judges afresh in a new round."""
-        left_out = known_left_out(record, self._left_out)
+        left_out = left_out_by(record)
         alive = sum(1 for slot, fact in facts.items()
                     if self._judge.alive(fact) and left_out.get(slot) != fact.incarnation)
         everyone = not self._paused_since(read_at) and self._await_joiners(generation, alive, stall_s=_STALL_S)
@@ -356,16 +355,15 @@ class LeaderDuty:
         now = time.monotonic()
         clock = self._open.setdefault(generation, OpenClock(now, now))
         proposer = Proposer(self._slot, self._term, self._policy, self._timing)
-        left_out = known_left_out(previous, self._left_out)
         proposal = proposer.propose(generation, joins, announced, facts, read_at, clock, now, self._judge, previous,
-                                    running, fresh, left_out)
+                                    running, fresh)
         self._expecting = proposal.ready.expecting
         record = proposal.record
         if record is None:
             return False
         if record.failed is None:
-            self._left_out = still_left_out(record, proposal.ready.missing, facts, left_out)
-            record = replace(record, stop=self._stop_asked(), left_out=tuple(sorted(self._left_out.items())))
+            left_out = still_left_out(record, proposal.ready.missing, facts, previous)
+            record = replace(record, stop=self._stop_asked(), left_out=tuple(sorted(left_out.items())))
         return self._write(record, current, partial=not proposal.ready.everyone)
 
     def _stop_asked(self) -> bool:

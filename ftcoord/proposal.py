@@ -39,14 +39,12 @@ class Proposer:
 
     def propose(self, generation: int, joins: list[JoinRequest], announced: int, facts: dict[int, SlotFacts],
                 read_at: float, clock: OpenClock, now: float, judge: Judge, previous: GenerationRecord | None,
-                running: bool, fresh: bool = True, left_out: dict[int, int] | None = None) -> Proposal:
+                running: bool, fresh: bool = True) -> Proposal:
         """`joins`: the generation's announcements (`announced` made); `facts`: every slot as read at `read_at`;
-        `fresh`: read after the last announcement was made (see the module docstring); `left_out`: see
-        ftcoord.readiness.still_left_out."""
+        `fresh`: read after the last announcement was made (see the module docstring)."""
         live = [j for j in joins if j.slot in facts and j.incarnation == facts[j.slot].incarnation
                 and judge.alive(facts[j.slot])]
-        ready = readiness(live, announced, facts, clock, now, judge, previous, running, self.policy, self.timing,
-                          left_out)
+        ready = readiness(live, announced, facts, clock, now, judge, previous, running, self.policy, self.timing)
         if not ready.decide:
             return Proposal(ready, None)
         if not fresh and any(j.slot not in facts or j.incarnation > facts[j.slot].incarnation for j in joins):

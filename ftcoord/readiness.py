@@ -51,16 +51,16 @@ class Readiness:
 
 def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFacts], clock: OpenClock, now: float,
               judge: Judge, previous: GenerationRecord | None, running: bool, policy: QuorumPolicy,
-              timing: Timing, left_out: dict[int, int] | None = None) -> Readiness:
+              timing: Timing) -> Readiness:
     """Whether to decide now, given the live joiners (announcements whose incarnation is alive) and `announced`
-    (how many announcements were made); `running`: a member of the previous generation is alive; `left_out`:
-    slot -> incarnation already left out at a last call, not awaited again (`still_left_out`)."""
+    (how many announcements were made); `running`: a member of the previous generation is alive. Who `previous`
+    left out at a last call is not awaited again (`still_left_out`)."""
     if len(live) != clock.joiners_seen:
         clock.joiners_seen, clock.last_change = len(live), now
     joined_slots = {j.slot for j in live}
     # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
     gone = judge.gone_by_evidence(previous, joined_slots)
-    left_out = left_out or {}
+    left_out = left_out_by(previous)
     expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone and left_out.get(s) != f.incarnation}
     on_its_way: set[int] = set()
     if len(live) < policy.target_world_size:
@@ -87,18 +87,21 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
                      missing=frozenset(missing))
 
 
-def known_left_out(previous: GenerationRecord | None, own: dict[int, int]) -> dict[int, int]:
-    """Who is left out, as the previous record says (its leader may have been another) and as this leader knows."""
-    return {**dict(previous.left_out), **own} if previous is not None and previous.failed is None else dict(own)
+def left_out_by(record: GenerationRecord | None) -> dict[int, int]:
+    """slot -> incarnation of the processes `record` lists as left out (the record carries them, so whoever leads
+    next knows them)."""
+    return dict(record.left_out) if record is not None and record.failed is None else {}
 
 
 def still_left_out(record: GenerationRecord, missing: frozenset[int], facts: dict[int, SlotFacts],
-                   before: dict[int, int]) -> dict[int, int]:
+                   previous: GenerationRecord | None) -> dict[int, int]:
     """After deciding `record` without the awaited slots `missing`: slot -> incarnation of the processes alive and
-    left out, not to be awaited again. One stays so until it announces itself (the record considered it) or its
-    slot has a new incarnation; a replacement on its way is a new incarnation, never left out."""
+    left out, not to be awaited again (`previous`'s, carried on, and `missing`). One stays so until it announces
+    itself (the record considered it) or its slot has a new incarnation; a replacement on its way is a new
+    incarnation, never left out."""
     considered = {slot for slot, _ in record.considered}
-    kept = {s: i for s, i in before.items() if s not in considered and s in facts and facts[s].incarnation == i}
+    kept = {s: i for s, i in left_out_by(previous).items()
+            if s not in considered and s in facts and facts[s].incarnation == i}
     kept.update({s: facts[s].incarnation for s in missing if s in facts and not facts[s].being_replaced
                  and s not in considered})
     return kept

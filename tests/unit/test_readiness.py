@@ -10,7 +10,7 @@ from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.judgement import FENCE_ANSWER_S, Judge
 from ftcoord.log import get_logger
-from ftcoord.readiness import OpenClock, known_left_out, readiness, still_left_out
+from ftcoord.readiness import OpenClock, left_out_by, readiness, still_left_out
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import SlotFacts
 
@@ -84,9 +84,13 @@ def test_a_process_left_out_at_a_last_call_is_not_awaited_again_until_it_announc
     live = [JoinRequest(4, s, 2, 30) for s in (0, 1)]
     at = clock.now
 
+    def leaving_out(left_out: dict[int, int]) -> GenerationRecord:
+        """The previous generation's record as its leader wrote it (it carries who it left out), through JSON."""
+        return GenerationRecord.from_json(replace(previous, left_out=tuple(sorted(left_out.items()))).to_json())
+
     def ready(left_out: dict[int, int], now: float, clock: OpenClock | None = None):  # type: ignore[no-untyped-def]
-        return readiness(live, len(live), facts, clock or OpenClock(at, at), now, judge, previous, True,
-                         QuorumPolicy(3), timing, left_out)
+        return readiness(live, len(live), facts, clock or OpenClock(at, at), now, judge, leaving_out(left_out), True,
+                         QuorumPolicy(3), timing)
 
     open_clock = OpenClock(at, at)
     first = ready({}, at, open_clock)
@@ -95,20 +99,19 @@ def test_a_process_left_out_at_a_last_call_is_not_awaited_again_until_it_announc
     assert last_call.decide and not last_call.everyone and last_call.missing == {2}
     record = GenerationRecord(generation=4, members=(0, 1), incarnations=(2, 2), leader=0, leader_term=1,
                               target_world_size=3, considered=((0, 2), (1, 2)))
-    left_out = still_left_out(record, last_call.missing, facts, {})
+    left_out = still_left_out(record, last_call.missing, facts, previous)
     assert left_out == {2: 2}
     again = ready(left_out, at)
     assert again.decide and again.everyone, "a process left out at the last call was awaited again"
     # Still not announced at the next decision: it stays left out; announced, or a new incarnation: it does not.
-    assert still_left_out(record, again.missing, facts, left_out) == {2: 2}
+    assert still_left_out(record, again.missing, facts, leaving_out(left_out)) == {2: 2}
     joined = GenerationRecord(generation=5, members=(0, 1, 2), incarnations=(2, 2, 2), leader=0, leader_term=1,
                               target_world_size=3, considered=((0, 2), (1, 2), (2, 2)))
-    assert still_left_out(joined, frozenset(), facts, left_out) == {}
+    assert still_left_out(joined, frozenset(), facts, leaving_out(left_out)) == {}
     replaced = {**facts, 2: SlotFacts(slot=2, incarnation=3, heartbeat=1, progress=0, waiting=False, dead=0, left=0,
                                       replacing=0)}
-    assert still_left_out(record, frozenset(), replaced, left_out) == {}
+    assert still_left_out(record, frozenset(), replaced, leaving_out(left_out)) == {}
     assert not ready({2: 1}, at).decide, "an older incarnation's absence excuses the newer one's"
-    # A new leader knows it from the record its predecessor wrote (or it would wait for it once more).
-    written = GenerationRecord.from_json(replace(record, left_out=tuple(sorted(left_out.items()))).to_json())
-    assert known_left_out(written, {}) == {2: 2}
-    assert known_left_out(None, {}) == {}
+    # Whoever leads next knows it from the record (or it would wait for it once more); nothing before the first.
+    assert left_out_by(leaving_out(left_out)) == {2: 2}
+    assert left_out_by(None) == {}
