@@ -1,4 +1,5 @@
-"""A launcher's processes once the job is done: each exits within a moment, or is ended after the grace period.
+"""A launcher's processes once the job is done or stopped: each exits within a moment, or is ended after the grace
+period.
 
 A member returns from the function and exits; a hot spare wakes on keys.ENDED and exits. A process whose training
 thread is stuck exits never: its heartbeat thread keeps it alive, nothing in it is waiting for the job's end, and
@@ -8,6 +9,11 @@ while the job runs (ftcoord.judgement: stuck members, stuck outsiders), but not 
 progress timeout before the end, nor any when the progress timeout is off. So the launcher looks at keys.DONE
 (every DONE_POLL_S, one request) and SIGKILLs a child still running grace_s after it first saw the job done; the
 job is complete, so the launcher still exits 0 (and says what it ended).
+
+A job stopped (keys.STOPPED: every member returned through should_stop, a preemption's clean end) ends the same
+way: a stop asked on another node, or by a rank's own SIGTERM, ends this launcher's members but not a stuck child.
+A STOPPED already there when the launcher started is an earlier run's (this one is its relaunch), not this run's
+end. Once the job ended either way, a child that exits with an error is not restarted: nothing is left to join.
 """
 
 from __future__ import annotations
@@ -17,30 +23,38 @@ import math
 import torch.distributed as dist
 
 from ftcoord import keys
+from ftcoord.store import get_or_none
 
 DONE_POLL_S = 1.0
-"""How often a launcher with running children looks whether the job is done: one store request, at most once a
-second per launcher (a thousand launchers: 1,000 requests per second, where their ranks send ~3 each)."""
+"""How often a launcher with running children looks whether the job ended: two store requests, at most once a
+second per launcher (a thousand launchers: 2,000 requests per second, where their ranks send ~3 each)."""
 
 
 class JobEndWatch:
-    """When the job was first seen done, and which children have outstayed it by the grace period."""
+    """When the job was first seen ended (done, or stopped in this run), and which children have outstayed it by the
+    grace period."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, stale_stopped: bytes | None) -> None:
+        """`stale_stopped`: keys.STOPPED as it was when the launcher started (an earlier run's stop, or None)."""
         self._grace_s = grace_s
+        self._stale_stopped = stale_stopped
         self._looked_at = -math.inf
-        self.done_at: float | None = None
+        self.ended_at: float | None = None
 
-    def saw_done(self, now: float) -> None:
-        """The job is known done (a child found keys.DONE when it exited)."""
-        if self.done_at is None:
-            self.done_at = now
+    def ended(self, store: dist.Store, now: float) -> bool:
+        """Has the job ended (done, or stopped in this run)? Reads the store (two requests) until it has."""
+        if self.ended_at is None and (store.check([keys.DONE]) or self._stopped_in_this_run(store)):
+            self.ended_at = now
+        return self.ended_at is not None
+
+    def _stopped_in_this_run(self, store: dist.Store) -> bool:
+        stopped = get_or_none(store, keys.STOPPED)
+        return stopped is not None and stopped != self._stale_stopped
 
     def outstayed(self, store: dist.Store, now: float) -> bool:
-        """Are the children still running now past their time (the job done grace_s ago)? Looks at the store at
-        most every DONE_POLL_S until the job is seen done."""
-        if self.done_at is None and now - self._looked_at >= DONE_POLL_S:
+        """Are the children still running now past their time (the job ended grace_s ago)? Looks at the store at
+        most every DONE_POLL_S until the job is seen ended."""
+        if self.ended_at is None and now - self._looked_at >= DONE_POLL_S:
             self._looked_at = now
-            if store.check([keys.DONE]):
-                self.done_at = now
-        return self.done_at is not None and now - self.done_at >= self._grace_s
+            self.ended(store, now)
+        return self.ended_at is not None and now - self.ended_at >= self._grace_s

@@ -94,7 +94,7 @@ class Supervisor:
             self._use_standby = False  # the whole-job restart baseline starts every process afresh
         self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
         self._fences_due = 0.0
-        self._job_end = JobEndWatch(self.config.grace_s)
+        self._job_end = JobEndWatch(self.config.grace_s, get_or_none(self.store, keys.STOPPED))
         self._env = children_env(self.config.nproc)
         if "OMP_NUM_THREADS" not in os.environ:
             self._log.info("omp_threads_set", omp_num_threads=self._env["OMP_NUM_THREADS"],
@@ -234,14 +234,14 @@ class Supervisor:
         return None
 
     def _end_outstayed(self, now: float) -> None:
-        """Kill the children still running grace_s after the job was done: stuck (ftcoord.job_end). The next
-        tick reaps them as finished."""
+        """Kill the children still running grace_s after the job was done or stopped: stuck (ftcoord.job_end). The
+        next tick reaps them as finished."""
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not running or not self._job_end.outstayed(self.store, now):
             return
         for slot in running:
             assert slot.process is not None
-            self._log.warning("child_ended_after_job_done", slot=slot.slot, pid=slot.process.pid,
+            self._log.warning("child_ended_after_job_end", slot=slot.slot, pid=slot.process.pid,
                               incarnation=slot.incarnation, grace_s=self.config.grace_s)
             slot.process.kill()
             wait_killed(slot.process)  # reaped by the next tick, not killed again by it
@@ -270,8 +270,7 @@ class Supervisor:
         if registered >= slot.incarnation:
             mark_dead(self.store, slot.slot, slot.incarnation)
         self._log.warning("child_exited", slot=slot.slot, pid=pid, code=code, incarnation=slot.incarnation)
-        if get_or_none(self.store, keys.DONE) is not None:
-            self._job_end.saw_done(time.monotonic())
+        if self._job_end.ended(self.store, time.monotonic()):  # done or stopped: nothing left to join
             slot.finished = True
             return None
         fatal = get_or_none(self.store, keys.FATAL)

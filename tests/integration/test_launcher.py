@@ -198,13 +198,40 @@ def test_a_child_still_running_after_the_job_is_done_is_ended_after_the_grace_pe
     finally:
         proc.kill()
     assert code == 0, out[-3000:]
-    ended = run.logs("child_ended_after_job_done")
+    ended = run.logs("child_ended_after_job_end")
     assert [(e["slot"], e["pid"]) for e in ended] == [(2, stall["pid"])], ended
     done = max(e["mono"] for e in run.logs("child_finished"))
     print(f"the stuck child was ended {ended[0]['mono'] - done:.2f} s after the last child finished")
     assert ended[0]["mono"] - done <= grace + 1.5  # DONE_POLL_S, a tick
     assert not run.logs("outsider_stuck")
     run.assert_correct(60)
+
+
+def test_a_child_still_running_after_the_job_stopped_is_ended_after_the_grace_period(
+        store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """As above, but the job ends by a stop asked by one rank's own SIGTERM (as a stop asked on another node reaches
+    this launcher's members), not by finishing: the launcher is not terminating, its members stop and exit 0, and
+    the stuck child kept it waiting (it looked at keys.DONE only). Now a stop of this run ends it the same way."""
+    grace = 1.0
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "100000", "--stall-at", "2:20",
+                  "--progress-timeout", "600", nproc=3, launcher_args=("--grace", str(grace)))
+    run = AllreduceRun(tmp_path)
+    try:
+        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
+        os.kill(run.pid_of(1), signal.SIGKILL)
+        wait_until(lambda: [e for e in run.events("generation") if e["world_size"] == 2 and e["slot"] == 1], 60,
+                   "slot 1's replacement to train without the stuck slot 2")
+        os.kill(run.pid_of(0), signal.SIGTERM)
+        code, out = finish(proc, timeout=60)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    assert sorted(e["slot"] for e in run.events("exit") if e["result"] == "stopped") == [0, 1]
+    ended = run.logs("child_ended_after_job_end")
+    assert [(e["slot"], e["pid"]) for e in ended] == [(2, stall["pid"])], ended
+    stopped = max(e["mono"] for e in run.logs("child_finished"))
+    print(f"the stuck child was ended {ended[0]['mono'] - stopped:.2f} s after the last child stopped")
+    assert ended[0]["mono"] - stopped <= grace + 1.5  # DONE_POLL_S, a tick
 
 
 def test_a_process_left_out_at_a_last_call_is_not_waited_for_at_every_later_change(
