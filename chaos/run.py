@@ -200,6 +200,11 @@ class ChaosRunner:
         if kind in ("kill", "early-restart", "kill-leader", "kill-follower", *STOP_KINDS):
             slot: int | None = fault.slot
             if kind in ("kill-leader", "kill-follower", "pause-leader"):
+                if self._store_away():  # who leads is read from the store, which this loop brings back: retry
+                    if give_up:
+                        self._record(index, fault, tail, None, note=f"the store was away for {FIRE_RETRY_S:.0f}s",
+                                     fired=False)
+                    return False
                 holder = get_or_none(self.store, "leader")
                 parts = holder.decode().split(":") if holder else []
                 leader = int(parts[1]) if len(parts) == 3 else None
@@ -253,6 +258,12 @@ class ChaosRunner:
             launchers.start(node)
             self._lost.discard(node.index)
         return True
+
+    def _store_away(self) -> bool:
+        """The run's store is down (a store-restart's outage) or stopped (a store-hang) by a fault of this run, and
+        only this loop brings it back: a read of it now would wait for itself (a kill-leader drawn within a store
+        fault's duration blocked the runner's loop, and with it the store's restart, for good)."""
+        return self.server.restarting or any(pid == self.server.pid for _, pid in self._pending_conts)
 
     def _resume_stopped(self, now: float) -> None:
         """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a

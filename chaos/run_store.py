@@ -40,6 +40,11 @@ class RunStore:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def restarting(self) -> bool:
+        """Killed, and its successor not started yet (`tick` starts it)."""
+        return self._restart_due is not None
+
     def kill(self, down_s: float) -> int | None:
         """SIGKILL the server; a new, empty one starts on the same port `down_s` seconds from now (`tick`)."""
         assert self._process is not None, "store faults need the store in its own process"

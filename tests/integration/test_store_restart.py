@@ -84,3 +84,27 @@ def test_a_store_gone_for_good_ends_the_job_with_an_emergency_checkpoint_and_exi
     assert last == committed, (last, committed)
     exits = read_logs(tmp_path / "logs", ("store_lost_exit",))
     assert {e["exit_code"] for e in exits} == {EXIT_STORE_LOST} and len(exits) == 3  # both ranks, the launcher
+
+
+def test_a_fault_aimed_at_the_leader_during_a_store_outage_waits_for_the_store_the_runner_brings_back(
+        tmp_path: Path) -> None:
+    """The runner reads who leads from the store. A kill-leader drawn within a store-restart's outage (a random
+    schedule beside store faults) read it while the store was down: the read waited for the store, and the runner's
+    loop, which starts the new store, waited with it, for good. Now such a fault waits for the store in the loop (so
+    too a pause-leader during a store-hang) and fires once the store is back."""
+    spec = tmp_path / "leader-in-outage.toml"
+    spec.write_text(
+        'name = "leader-in-outage"\ndescription = "faults aimed at the leader while the store is away"\n[job]\n'
+        'nproc = 2\nsteps = 320\nglobal_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\n'
+        'ckpt_strategy = "blocking"\nckpt_every = 40\n'
+        '[[faults]]\nkind = "store-restart"\nstep = 30\nduration = 2.0\n'
+        '[[faults]]\nkind = "kill-leader"\nstep = 30\n'
+        '[[faults]]\nkind = "store-hang"\nstep = 220\nduration = 2.0\n'
+        '[[faults]]\nkind = "pause-leader"\nstep = 220\nduration = 1.0\n')
+    run(str(spec), tmp_path)
+    fired = [json.loads(line) for line in (tmp_path / "leader-in-outage" / "faults.jsonl").read_text().splitlines()]
+    faults = {f["kind"]: f for f in fired}
+    assert list(faults) == ["store-restart", "kill-leader", "store-hang", "pause-leader"], fired
+    assert all(f["fired"] for f in fired), fired
+    assert faults["kill-leader"]["mono"] - faults["store-restart"]["mono"] >= 1.9, "fired while the store was down"
+    assert faults["pause-leader"]["mono"] - faults["store-hang"]["mono"] >= 1.9, "fired while the store was stopped"
