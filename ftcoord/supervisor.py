@@ -33,6 +33,7 @@ from ftcoord.job_end import JobEndWatch
 from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
+from ftcoord.process_state import stopped
 from ftcoord.reap import wait_killed
 from ftcoord.restart_delay import RestartDelay
 from ftcoord.standby import ForkedProcess, PythonCommand
@@ -302,10 +303,13 @@ class Supervisor:
         The leader waits for a replacement while this beat moves (up to barrier_timeout): a cold
         start on a busy node can take many seconds, and deciding without it would shrink the world
         and grow it back a moment later. A launcher that dies or gives up stops beating, and the
-        leader stops waiting one heartbeat timeout later.
+        leader stops waiting one heartbeat timeout later; so for a replacement stopped before it registered
+        (ftcoord.process_state), which the job waited for up to barrier_timeout. Continued, it grows the job back.
         """
         for slot in self.slots.values():
             if not slot.replacing or now - slot.replacing_beat_at < REPLACING_BEAT_S:
+                continue
+            if slot.process is not None and stopped(slot.process.pid):
                 continue
             if read_int(self.store, keys.incarnation(slot.slot)) >= slot.replacing:
                 slot.replacing = 0  # it registered: its own heartbeat speaks for it now

@@ -3,7 +3,7 @@
 Each step all-reduces (step + 1) * (rank + 1); the sum is known in closed form, so every
 result after every restart can be checked. Faults are planted by slot and step, once
 each (a marker file remembers they happened): raise, exit like a crash, hang the
-training thread while the heartbeat goes on.
+training thread while the heartbeat goes on; stop a slot's replacement before it registers.
 """
 
 from __future__ import annotations
@@ -11,15 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ftcoord import CallWrapper, Wrapper, log
+from ftcoord import CallWrapper, Wrapper, connect, job_store, keys, log
+from ftcoord import env as ftcoord_env
+from ftcoord.store import read_int
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -31,6 +35,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--exit-at", action="append", default=[], help="SLOT:STEP (os._exit(137))")
     p.add_argument("--stall-at", action="append", default=[], help="SLOT:STEP (training thread stuck)")
     p.add_argument("--always-raise-slot", type=int, default=None)
+    p.add_argument("--stop-replacement-of", type=int, default=None,
+                   help="SLOT: the first replacement of that slot SIGSTOPs itself before it registers")
     p.add_argument("--min-world-size", type=int, default=1)
     p.add_argument("--heartbeat-interval", type=float, default=0.1)
     p.add_argument("--heartbeat-timeout", type=float, default=1.0)
@@ -110,9 +116,23 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.step_time)
         return "done"
 
+    if args.stop_replacement_of == slot:
+        _stop_if_first_replacement(slot, out, emit)
     result = train()
     emit("exit", result=result)
     return 0
+
+
+def _stop_if_first_replacement(slot: int, out: Path, emit: Callable[..., None]) -> None:
+    """A replacement (an incarnation of the slot registered before) stops itself, once, before it registers: a real
+    SIGSTOP, as a cgroup freeze or a debugger would stop it while it starts."""
+    store = job_store(connect(os.environ[ftcoord_env.STORE_ENV]), os.environ[ftcoord_env.JOB_ID_ENV])
+    registered = read_int(store, keys.incarnation(slot))
+    marker = out / f"done-stop-replacement-{slot}"
+    if registered >= 1 and not marker.exists():
+        marker.write_text("1")
+        emit("fault", fault="stop-before-register", registered=registered)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 if __name__ == "__main__":

@@ -234,6 +234,41 @@ def test_a_child_still_running_after_the_job_stopped_is_ended_after_the_grace_pe
     assert ended[0]["mono"] - stopped <= grace + 1.5  # DONE_POLL_S, a tick
 
 
+def test_a_replacement_stopped_before_it_registered_is_not_waited_for_and_grows_the_job_back_when_continued(
+        store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Slot 1 is SIGKILLed; its replacement stops itself (SIGSTOP) before it registers. Its launcher kept saying it
+    was on its way, so the survivors waited for it up to barrier_timeout (20 s here, 120 s by default; a chaos hang
+    that hit a replacement in its first moments cost its job 6 s, as long as it was stopped). A stopped child is on
+    nobody's way: the survivors go on without it a heartbeat timeout later, and it grows the job back once
+    continued."""
+    heartbeat_timeout = 1.0
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "300", "--stop-replacement-of", "1",
+                  "--heartbeat-timeout", str(heartbeat_timeout), nproc=3)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        victim = run.pid_of(1)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        stopped = wait_until(lambda: [e for e in run.events("fault") if e["fault"] == "stop-before-register"], 30,
+                             "slot 1's replacement to stop itself before it registers")[0]
+        smaller = wait_until(lambda: [e for e in run.events("step") if e["world_size"] == 2], 30,
+                             "the survivors to train without the stopped replacement")[0]
+        os.kill(stopped["pid"], signal.SIGCONT)
+        wait_until(lambda: [e for e in run.events("generation") if e["pid"] == stopped["pid"]], 30,
+                   "the continued replacement to join")
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    waited = smaller["mono"] - killed
+    print(f"trained without the stopped replacement {waited:.2f} s after the kill")
+    assert waited <= 2 * heartbeat_timeout + 1.5, f"waited {waited:.2f} s for a stopped replacement"
+    back = [e for e in run.events("generation") if e["pid"] == stopped["pid"]]
+    assert back[0]["world_size"] == 3, back
+    run.assert_correct(300)
+
+
 def test_a_process_left_out_at_a_last_call_is_not_waited_for_at_every_later_change(
         store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     """Slot 2 is stuck outside every generation (as above; the progress timeout too long to fence it in this test).
