@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -152,6 +155,23 @@ def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, j
     run.assert_correct(120)
 
 
+@contextlib.contextmanager
+def stuck_outside(tmp_path: Path, address: str, job_id: str, steps: int, progress_timeout: float,
+                  launcher_args: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen, AllreduceRun, dict]]:
+    """Three slots; slot 2's training thread sticks at step 20 (its heartbeat runs on), then slot 1 is SIGKILLed, so
+    the generation ends for that cause and the next is decided without slot 2. Yields (launcher, run, the stall's
+    event); the launcher is killed on the way out, whatever happened."""
+    proc = launch(tmp_path, address, job_id, "--steps", str(steps), "--stall-at", "2:20",
+                  "--progress-timeout", str(progress_timeout), nproc=3, launcher_args=launcher_args)
+    try:
+        run = AllreduceRun(tmp_path)
+        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
+        os.kill(run.pid_of(1), signal.SIGKILL)
+        yield proc, run, stall
+    finally:
+        proc.kill()
+
+
 def test_a_rank_stuck_when_its_generation_ended_for_another_cause_is_fenced_and_replaced(
         store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     """Slot 2's training thread sticks at step 20 (its heartbeat runs on); before the progress timeout a peer is
@@ -160,17 +180,10 @@ def test_a_rank_stuck_when_its_generation_ended_for_another_cause_is_fenced_and_
     join_timeout for it, its capacity was lost, and after the job its launcher waited for it. Now it is fenced
     once outside and still for the progress timeout; its replacement joins and the job ends."""
     progress_timeout = 2.0
-    proc = launch(tmp_path, store_server.address, job_id, "--steps", "400", "--stall-at", "2:20",
-                  "--progress-timeout", str(progress_timeout), nproc=3)
-    run = AllreduceRun(tmp_path)
-    try:
-        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
-        os.kill(run.pid_of(1), signal.SIGKILL)
+    with stuck_outside(tmp_path, store_server.address, job_id, 400, progress_timeout) as (proc, run, stall):
         fenced = wait_until(lambda: [e for e in run.logs("rank_fenced_killed") if e["pid"] == stall["pid"]], 30,
                             "the stuck rank, outside every generation since the kill, to be fenced")[0]
         code, out = finish(proc)
-    finally:
-        proc.kill()
     assert code == 0, out[-3000:]
     judged = run.logs("outsider_stuck")
     assert [e["slot"] for e in judged] == [2], judged
@@ -188,15 +201,8 @@ def test_a_child_still_running_after_the_job_is_done_is_ended_after_the_grace_pe
     without it, and its launcher, which waits for every child, waited with it (the stall sleeps an hour). Now it
     ends it once the grace period after the job's end ran out, and exits 0: the job is complete."""
     grace = 1.0
-    proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--stall-at", "2:20",
-                  "--progress-timeout", "600", nproc=3, launcher_args=("--grace", str(grace)))
-    run = AllreduceRun(tmp_path)
-    try:
-        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
-        os.kill(run.pid_of(1), signal.SIGKILL)
+    with stuck_outside(tmp_path, store_server.address, job_id, 60, 600, ("--grace", str(grace))) as (proc, run, stall):
         code, out = finish(proc, timeout=60)
-    finally:
-        proc.kill()
     assert code == 0, out[-3000:]
     ended = run.logs("child_ended_after_job_end")
     assert [(e["slot"], e["pid"]) for e in ended] == [(2, stall["pid"])], ended
@@ -213,18 +219,12 @@ def test_a_child_still_running_after_the_job_stopped_is_ended_after_the_grace_pe
     this launcher's members), not by finishing: the launcher is not terminating, its members stop and exit 0, and
     the stuck child kept it waiting (it looked at keys.DONE only). Now a stop of this run ends it the same way."""
     grace = 1.0
-    proc = launch(tmp_path, store_server.address, job_id, "--steps", "100000", "--stall-at", "2:20",
-                  "--progress-timeout", "600", nproc=3, launcher_args=("--grace", str(grace)))
-    run = AllreduceRun(tmp_path)
-    try:
-        stall = wait_until(lambda: run.events("fault"), 60, "slot 2 to stall")[0]
-        os.kill(run.pid_of(1), signal.SIGKILL)
+    with stuck_outside(tmp_path, store_server.address, job_id, 100_000, 600, ("--grace", str(grace))) as (
+            proc, run, stall):
         wait_until(lambda: [e for e in run.events("generation") if e["world_size"] == 2 and e["slot"] == 1], 60,
                    "slot 1's replacement to train without the stuck slot 2")
         os.kill(run.pid_of(0), signal.SIGTERM)
         code, out = finish(proc, timeout=60)
-    finally:
-        proc.kill()
     assert code == 0, out[-3000:]
     assert sorted(e["slot"] for e in run.events("exit") if e["result"] == "stopped") == [0, 1]
     ended = run.logs("child_ended_after_job_end")
