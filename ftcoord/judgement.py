@@ -125,8 +125,11 @@ class Judge:
         return max(0.01, min(due)) if due else math.inf
 
     def fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
-        """A process that hung while it was in no running generation (joining, or a hot spare) is judged by
-        no interrupt; fence it too, so its launcher replaces it and its capacity is not lost for good."""
+        """A process that hung while it was in no running generation (joining, a hot spare, or a member of one that
+        ended for another cause: `record` is then None) is judged by no interrupt; fence it too, so its launcher
+        replaces it and its capacity is not lost for good. A member of the ended generation was fenced only once a
+        generation had been decided without it: a paused leader and a killed member at once left no member alive,
+        so the new leader waited join_timeout for the job's target size, then grew it back with the replacement."""
         members = set(record.members) if record is not None and record.failed is None else set()
         for slot, fact in facts.items():
             if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):

@@ -266,7 +266,9 @@ class LeaderDuty:
         if record is not None and record.failed is None and self._interrupted != current:
             if self._judge.interrupt_if_member_dead(record, facts, read_at, self._term):
                 self._interrupted = current
-        self._judge.fence_hung_outsiders(record, facts, self._term)
+        # Once the generation ended (for any cause), its silent members are outsiders too: fenced now, so that their
+        # launchers' replacements are awaited, not decided without and grown back after join_timeout.
+        self._judge.fence_hung_outsiders(record if self._interrupted != current else None, facts, self._term)
 
         generation = next_generation(self._store, current)
         if record is not None and record.failed is None and self._interrupted != current:

@@ -269,6 +269,40 @@ def test_a_replacement_stopped_before_it_registered_is_not_waited_for_and_grows_
     run.assert_correct(300)
 
 
+def test_a_leader_paused_while_its_peer_is_killed_is_fenced_before_the_next_decision_not_after(
+        store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Two slots: the leader (slot 0) is SIGSTOPped and slot 1 SIGKILLed at once (a random schedule: a 6 s
+    pause-leader with a kill at one step). Slot 1's replacement ends the generation (it rejoins) before anyone
+    judged slot 0; once slot 0 is silent it leads. No member of the ended generation is alive, so a decision waits
+    for the job's target size; slot 0, a member of a generation no longer running, was fenced only after a
+    generation was decided without it: join_timeout later (5 s here), then grown back. Now it is fenced as soon as
+    it is silent, its replacement is awaited, and the job goes on at full size in one change."""
+    join_timeout = 5.0
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "300", "--heartbeat-timeout", "1.0",
+                  "--join-timeout", str(join_timeout), nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        paused, killed = run.pid_of(0), run.pid_of(1)
+        os.kill(paused, signal.SIGSTOP)
+        os.kill(killed, signal.SIGKILL)
+        t0 = time.monotonic()
+        full = wait_until(lambda: [e for e in run.events("step") if e["world_size"] == 2
+                                   and e["pid"] not in (paused, killed)], 60,
+                          "both replacements to train together")[0]
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(paused, signal.SIGKILL)  # fenced and killed by its launcher, unless the test failed first
+    assert code == 0, out[-3000:]
+    took = full["mono"] - t0
+    print(f"back to full size {took:.2f} s after the pause and the kill")
+    assert took < join_timeout, f"{took:.2f} s: waited join_timeout for the paused member"
+    assert not [e for e in run.events("step") if e["world_size"] == 1 and e["mono"] > t0], "decided without it"
+    run.assert_correct(300)
+
+
 def test_a_process_left_out_at_a_last_call_is_not_waited_for_at_every_later_change(
         store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     """Slot 2 is stuck outside every generation (as above; the progress timeout too long to fence it in this test).
