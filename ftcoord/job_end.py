@@ -7,8 +7,8 @@ its launcher (which waits for every child) would wait with it, an hour for `chao
 schedule, seed 404: a rank stuck outside every generation when the job finished). The leader fences such a process
 while the job runs (ftcoord.judgement: stuck members, stuck outsiders), but not one that got stuck less than the
 progress timeout before the end, nor any when the progress timeout is off. So the launcher looks at keys.DONE
-(every DONE_POLL_S, one request) and SIGKILLs a child still running grace_s after it first saw the job done; the
-job is complete, so the launcher still exits 0 (and says what it ended).
+(and keys.STOPPED, below) every DONE_POLL_S and SIGKILLs a child still running grace_s after it first saw the job
+end; the job is complete, so the launcher still exits 0 (and says what it ended).
 
 A job stopped (keys.STOPPED: every member returned through should_stop, a preemption's clean end) ends the same
 way: a stop asked on another node, or by a rank's own SIGTERM, ends this launcher's members but not a stuck child.
