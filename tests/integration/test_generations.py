@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.cluster import Job
+from tests.helpers.wait import wait_until
 
 
 def members_of(record: dict) -> list[int]:
@@ -92,8 +93,10 @@ def test_partial_quorum_after_join_timeout(make_job) -> None:
         job.start(slot)
     record = job.wait_record(lambda r: True, 20, "a partial generation")
     assert record["members"] == [0, 1, 2]
-    log = [e for m in job.members for e in _log(m) if e.get("event") == "generation_decided"]
-    assert log and log[0]["partial"] is True
+    # The leader logs its decision after the record write the wait saw (CI, once: read before it was written).
+    log = wait_until(lambda: [e for m in job.members for e in _log(m) if e.get("event") == "generation_decided"], 10,
+                     "the leader to log its decision")
+    assert log[0]["partial"] is True
     assert set(job.finish().values()) == {0}
 
 
@@ -127,8 +130,6 @@ def test_hot_spare_fills_a_dead_slot(make_job) -> None:
 def test_too_few_processes_fail_every_process_with_a_clear_error(make_job) -> None:
     job: Job = make_job(target=3, min_world_size=3, barrier_timeout=2.0)
     m = [job.start(slot) for slot in range(2)]
-    from tests.helpers.wait import wait_until
-
     wait_until(lambda: all(not job.alive(x) for x in m), 20, "both processes to give up")
     codes = job.finish()
     assert codes[m[0].pid] == 3 and codes[m[1].pid] == 3
@@ -161,8 +162,6 @@ def test_hung_process_is_declared_dead_after_heartbeat_timeout_and_not_before(ma
     os.kill(victim.pid, signal.SIGSTOP)
     try:
         key = f"gen/{first['generation']}/interrupt"
-        from tests.helpers.wait import wait_until
-
         wait_until(lambda: job.client.check([key]), timeout * 4, "the hung process to be declared dead")
         detected = time.monotonic() - stopped_at
         tick = min(interval / 2, 0.25)
