@@ -124,13 +124,13 @@ class Judge:
         due = [at + FENCE_ANSWER_S - now for at in self.fenced.values() if at + FENCE_ANSWER_S > now]
         return max(0.01, min(due)) if due else math.inf
 
-    def fence_hung_outsiders(self, record: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
-        """A process that hung while it was in no running generation (joining, a hot spare, or a member of one that
-        ended for another cause: `record` is then None) is judged by no interrupt; fence it too, so its launcher
-        replaces it and its capacity is not lost for good. A member of the ended generation was fenced only once a
-        generation had been decided without it: a paused leader and a killed member at once left no member alive,
-        so the new leader waited join_timeout for the job's target size, then grew it back with the replacement."""
-        members = set(record.members) if record is not None and record.failed is None else set()
+    def fence_hung_outsiders(self, running: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
+        """A process that hung while it was in no running generation (`running`: None when none runs) is judged by
+        no interrupt: one joining, a hot spare, or a member of a generation that ended for another cause. Fence it
+        too, so its launcher replaces it and its capacity is not lost for good. A member of the ended generation was
+        fenced only once a generation had been decided without it: a paused leader and a killed member at once left
+        no member alive, so the new leader waited join_timeout for the job's target size, then grew it back."""
+        members = set(running.members) if running is not None else set()
         for slot, fact in facts.items():
             if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):
                 self._fence(slot, fact.incarnation, "heartbeat_stale", term)

@@ -268,11 +268,12 @@ class LeaderDuty:
                 self._interrupted = current
         # Once the generation ended (for any cause), its silent members are outsiders too: fenced now, so that their
         # launchers' replacements are awaited, not decided without and grown back after join_timeout.
-        self._judge.fence_hung_outsiders(record if self._interrupted != current else None, facts, self._term)
+        running = record if record is not None and record.failed is None and self._interrupted != current else None
+        self._judge.fence_hung_outsiders(running, facts, self._term)
 
         generation = next_generation(self._store, current)
-        if record is not None and record.failed is None and self._interrupted != current:
-            self._judge.fence_stuck_outsiders(record, facts, read_at, generation, self._term)
+        if running is not None:
+            self._judge.fence_stuck_outsiders(running, facts, read_at, generation, self._term)
         if current == 0 or record is None or record.failed is not None or self._interrupted == current:
             return self._open_next(generation, facts, read_at, record, current)
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so

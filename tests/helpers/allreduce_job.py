@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stop_if_first_replacement(slot: int, out: Path, emit: Callable[..., None]) -> None:
     """A replacement (an incarnation of the slot registered before) stops itself, once, before it registers: a real
-    SIGSTOP, as a cgroup freeze or a debugger would stop it while it starts."""
+    SIGSTOP, as a job controller or a debugger would stop it while it starts."""
     store = job_store(connect(os.environ[ftcoord_env.STORE_ENV]), os.environ[ftcoord_env.JOB_ID_ENV])
     registered = read_int(store, keys.incarnation(slot))
     marker = out / f"done-stop-replacement-{slot}"
