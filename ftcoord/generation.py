@@ -131,13 +131,15 @@ class GenerationClient:
     def record(self, generation: int) -> GenerationRecord | None:
         return read_record(self._store, generation) if generation > 0 else None
 
-    def interrupt(self, generation: int, reason: str) -> None:
-        """End a generation for every member (first reason wins). Never with an empty reason: a member's watch reads
-        an empty interrupt key as one not set (ftcoord.store.wait_get)."""
+    def interrupt(self, generation: int, reason: str) -> str:
+        """End a generation for every member (first reason wins); the reason that won, ours or an earlier one. Never
+        with an empty reason: a member's watch reads an empty interrupt key as one not set (ftcoord.store.wait_get)."""
         if not reason:
             raise ValueError("a generation is interrupted with a reason (got an empty one)")
-        self._store.compare_set(keys.interrupt(generation), "", reason)
-        self._log.info("generation_interrupt_requested", generation=generation, reason=reason)
+        won = self._store.compare_set(keys.interrupt(generation), "", reason).decode()
+        self._log.info("generation_interrupt_requested", generation=generation, reason=reason,
+                       **({"ended_by": won} if won != reason else {}))
+        return won
 
     def is_interrupted(self, generation: int) -> bool:
         return bool(self._store.check([keys.interrupt(generation)]))

@@ -178,9 +178,9 @@ class Participant:
         """Cheap local check: was the current generation interrupted?"""
         return self.monitor.fired
 
-    def interrupt(self, reason: str) -> None:
-        if self.record is not None:
-            self.generations.interrupt(self.record.generation, reason)
+    def interrupt(self, reason: str) -> str | None:
+        """End the current generation for every member; the reason that ended it (None: no generation yet)."""
+        return self.generations.interrupt(self.record.generation, reason) if self.record is not None else None
 
     @property
     def should_stop(self) -> bool:

@@ -207,7 +207,7 @@ class Wrapper:
                                           record.world_size)
                 logger.info("function_started", generation=record.generation, rank=call.rank,
                             world_size=record.world_size, restarts=restarts, mono=time.monotonic())
-                collateral = True
+                collateral, ended_by = True, None
                 try:
                     result = fn(call, *args, **kwargs)
                 except FatalError as exc:  # no restart can fix it: end the job everywhere
@@ -226,9 +226,9 @@ class Wrapper:
                     closed = call.report_closed_peers(exc)
                     if closed is not None:
                         participant.leader.note_closed(record)
-                    participant.interrupt(f"exception:slot={participant.slot}:{type(exc).__name__}"
-                                          + (f":closed={','.join(map(str, closed)) or '?'}" if closed is not None
-                                             else ""))
+                    ended_by = participant.interrupt(f"exception:slot={participant.slot}:{type(exc).__name__}"
+                                                     + (f":closed={','.join(map(str, closed)) or '?'}"
+                                                        if closed is not None else ""))
                     call.teardown(failed=True)  # peers blocked in this generation's collectives fail now
                 else:
                     call.teardown()
@@ -242,8 +242,11 @@ class Wrapper:
                     step = call.step
                 restarts += 1
                 own_failures += not collateral
-                participant.report.left(participant.monitor.reason or f"{type(cause).__name__}: {cause}"[:200],
-                                        restarts)
+                # What ended the generation, as every member reads it (the interrupt's reason: `ftcoord status`
+                # and the incidents name one cause per change), rather than this rank's view of it (a peer's closed
+                # socket, in gloo's words): the monitor may not have read it yet when a collective failed first.
+                participant.report.left(participant.monitor.reason or ended_by
+                                        or f"{type(cause).__name__}: {cause}"[:200], restarts)
                 logger.warning("in_process_restart", generation=record.generation, restarts=restarts,
                                own_failure=not collateral, cause=f"{type(cause).__name__}: {cause}"[:500],
                                mono=time.monotonic(),

@@ -91,6 +91,18 @@ def test_a_replacement_started_during_a_stop_stops_too(store_server: StoreServer
             p.close()
 
 
+def test_an_interrupt_answers_the_reason_that_ended_the_generation(store_server: StoreServer, job_id: str) -> None:
+    """The first reason wins, and a later asker learns it (the wrapper reports it as the incident's cause)."""
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
+    try:
+        join_together(*parts)
+        assert parts[1].interrupt("exception:slot=1:RuntimeError") == "exception:slot=1:RuntimeError"
+        assert parts[0].interrupt("exception:slot=0:RuntimeError:closed=1") == "exception:slot=1:RuntimeError"
+    finally:
+        for p in parts:
+            p.close()
+
+
 @pytest.mark.timeout(30)
 def test_a_stop_asked_after_another_reason_won_the_interrupt_stops_every_member_in_the_next_generation(
         store_server: StoreServer, job_id: str) -> None:
