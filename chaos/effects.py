@@ -59,10 +59,11 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
     """
     problems = []
     for index, planned in enumerate(scenario.faults):
-        name = f"{planned.kind} at step {planned.step} (slot {planned.slot})"
+        target = f"rank {planned.rank}" if planned.rank is not None else f"slot {planned.slot}"
+        name = f"{planned.kind} at step {planned.step} ({target})"
         matching = [e for e in events if e.get("index") == index]
         if not matching:
-            problems.append(f"planned fault {name} never fired")
+            problems.append(f"planned fault {name} never fired{_why_not_fired(planned.rank, planned.step, records)}")
             continue
         event = matching[0]
         if not event.get("fired", True):
@@ -78,6 +79,20 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
         elif not _had_effect(effect, event, records, scenario.job.nproc, planned.duration):
             problems.append(f"planned fault {name} had no effect: expected {effect} after it")
     return problems
+
+
+def _why_not_fired(rank: int | None, step: int, records: list[dict[str, Any]]) -> str:
+    """Why an in-rank fault aimed at `rank` found nobody at `step`, when the ledger says: the step was never
+    committed, or only by a world too small to have that rank (an elastic job, shrunk then)."""
+    if rank is None:
+        return ""
+    worlds = sorted({r["world_size"] for r in records if r["kind"] == "step" and r["step"] == step})
+    if not worlds:
+        return f": step {step} was never committed"
+    if worlds[-1] <= rank:
+        return (f": step {step} was committed at world size {' and '.join(map(str, worlds))} only, with no rank "
+                f"{rank} (aim at a rank below the world size the job keeps)")
+    return ""
 
 
 def _had_effect(effect: str, event: dict[str, Any], records: list[dict[str, Any]], nproc: int,

@@ -1,0 +1,50 @@
+"""Holding a run to its scenario (chaos.effects): a planned fault that found nobody says why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos.effects import fault_problems
+from chaos.scenario import parse
+
+SCENARIO = """
+name = "effects"
+description = "a fault aimed at a rank the world lacks, and one at a slot"
+[job]
+nproc = 4
+steps = 40
+dataset = "synthetic:768"
+
+[[faults]]
+kind = "raise"
+rank = 3
+step = 20
+
+[[faults]]
+kind = "kill"
+slot = 1
+step = 30
+"""
+
+
+def steps(world_size: int, first: int, last: int) -> list[dict[str, Any]]:
+    return [{"kind": "step", "step": s, "world_size": world_size, "generation": 1, "mono": float(s)}
+            for s in range(first, last + 1)]
+
+
+def test_a_rank_fault_at_a_step_trained_by_a_smaller_world_says_so() -> None:
+    problems = fault_problems(parse(SCENARIO), [], steps(4, 0, 9) + steps(2, 10, 40), [])
+    assert problems == [
+        "planned fault raise at step 20 (rank 3) never fired: step 20 was committed at world size 2 only, with no "
+        "rank 3 (aim at a rank below the world size the job keeps)",
+        "planned fault kill at step 30 (slot 1) never fired"]
+
+
+def test_a_rank_fault_whose_step_was_never_committed_says_so() -> None:
+    problems = fault_problems(parse(SCENARIO), [], steps(4, 0, 15), [])
+    assert problems[0] == "planned fault raise at step 20 (rank 3) never fired: step 20 was never committed"
+
+
+def test_a_rank_fault_whose_rank_existed_gives_no_reason_it_cannot_know() -> None:
+    problems = fault_problems(parse(SCENARIO), [], steps(4, 0, 40), [])
+    assert problems[0] == "planned fault raise at step 20 (rank 3) never fired"
