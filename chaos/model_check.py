@@ -127,12 +127,17 @@ def _same_arithmetic(a: list[StepPlan], b: list[StepPlan]) -> bool:
                                     and x.threads == y.threads for x, y in zip(a, b, strict=True))
 
 
+def exact_arithmetic(plan: list[StepPlan]) -> bool:
+    """Whether a replay of `plan` can match a real run bit for bit (see the module docstring)."""
+    return all(p.reduction == "fixed" or p.world_size <= 2 for p in plan)
+
+
 def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[StepPlan], expected: ExpectedModel,
                 final_params: Path) -> ModelCheck:
     """Compare the run with the expected model (see the module docstring)."""
     check = ModelCheck(expected_from=expected.source,
                        replay_s=round(expected.seconds, 2) if expected.source == "replay" else None)
-    check.exact = all(p.reduction == "fixed" or p.world_size <= 2 for p in plan)
+    check.exact = exact_arithmetic(plan)
     if not check.exact:
         check.tolerance_relative_l2 = TOLERANCE_RELATIVE_L2
     if not verdict.final_digests:
@@ -145,7 +150,7 @@ def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[Step
     check.checked = True
     check.bit_identical = verdict.final_digests == [expected.digest]
     if run_state is not None and expected.state is not None:
-        check.param_l2, check.param_l2_relative = _l2(run_state, expected.state)
+        check.param_l2, check.param_l2_relative = parameter_l2(run_state, expected.state)
     check.first_divergence = _first_divergence(run_losses(records), expected.losses, check.exact)
     if check.exact:
         if not check.bit_identical:
@@ -173,7 +178,8 @@ def _load_final(path: Path, check: ModelCheck) -> dict[str, torch.Tensor] | None
         return None
 
 
-def _l2(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> tuple[float | None, float | None]:
+def parameter_l2(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> tuple[float | None, float | None]:
+    """L2 of the difference of two parameter sets, and that relative to `expected`'s L2 (None, None: other keys)."""
     if run.keys() != expected.keys():
         return None, None
     total = sum(float((run[k].double() - expected[k].double()).pow(2).sum()) for k in expected)

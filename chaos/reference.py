@@ -5,7 +5,9 @@ more than any run:
 - it passes the same ledger checks (exactly-once data, complete evidence);
 - every rank finished with the same parameters (ranks that disagree are an error, not a None);
 - the replay of its schedule (chaos.replay) reproduces its final parameters bit for bit, which is
-  what makes a replay of another schedule a trustworthy reference for an elastic run.
+  what makes a replay of another schedule a trustworthy reference for an elastic run; where no
+  replay can be exact (DDP's built-in all-reduce on 3+ ranks sums in gloo's order), within the
+  model check's tolerance, the distance recorded in the summary.
 The cache key holds the job's trajectory, a digest of this code and the torch and Python versions,
 so a changed loop never meets a stale reference; builders of one key take a file lock, and a
 reference is published by an atomic rename, so concurrent `chaos run`s are safe.
@@ -30,11 +32,19 @@ import torch
 from chaos.errors import ReferenceUnusable
 from chaos.expected import DataExpectation
 from chaos.metrics import goodput
-from chaos.model_check import ExpectedModel, run_losses, step_plan
+from chaos.model_check import (
+    TOLERANCE_RELATIVE_L2,
+    ExpectedModel,
+    exact_arithmetic,
+    parameter_l2,
+    run_losses,
+    step_plan,
+)
 from chaos.replay import StepPlan, replay
 from chaos.scenario import Scenario, training_config
 from chaos.verify import verify_ledger
 from training.ledger import scan_ledgers
+from training.state import state_digest
 
 CACHE_ENV = "FTCOORD_CACHE_DIR"
 SUMMARY = "summary.json"
@@ -121,17 +131,45 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
     if problems:
         raise ReferenceUnusable(f"the reference run in {run_dir} cannot be replayed: {'; '.join(problems)}")
     replayed = replay(config, plan, expect)
-    if verdict.final_digests != [replayed.digest]:
+    exact, relative = exact_arithmetic(plan), None
+    if exact and verdict.final_digests != [replayed.digest]:
         raise ReferenceUnusable(
             f"the replay of the fault-free reference ({run_dir}) ends with {replayed.digest}, the real run with "
             f"{verdict.final_digests}: the replay is not faithful on this machine, so no model check can be "
             f"trusted. Report this with the run directory")
+    if not exact:  # DDP's built-in all-reduce on 3+ ranks sums in gloo's order: held to the model check's tolerance
+        _check_final_params(run_dir, verdict.final_digests)
+        relative = _replay_distance(run_dir, replayed.state)
+        if relative is None or relative > TOLERANCE_RELATIVE_L2:
+            raise ReferenceUnusable(
+                f"the replay of the fault-free reference ({run_dir}) ends {relative} (relative L2) from the real "
+                f"run's parameters, beyond the tolerance {TOLERANCE_RELATIVE_L2} for DDP's built-in all-reduce on "
+                f"3+ ranks: no model check can be trusted. Report this with the run directory")
     return {"cache_key": run_dir.name.split(".tmp-")[0], "trajectory_key": job.trajectory_key(),
             "code_version": code_version(), "torch": torch.__version__, "steps": job.steps,
             "final_digest": verdict.final_digests[0], "world_size": plan[-1].world_size,
             "plan": [[p.world_size, p.reduction, list(p.threads)] for p in plan],
-            "replay_verified": True, "replay_s": round(replayed.seconds, 2),
+            "replay_verified": True, "replay_exact": exact, "replay_relative_l2": relative,
+            "replay_s": round(replayed.seconds, 2),
             "steps_per_s": goodput(scan.records, job.steps), "wall_s": wall_s}
+
+
+def _replay_distance(run_dir: Path, replayed: dict[str, torch.Tensor]) -> float | None:
+    """How far (relative L2) the replay's parameters are from the run's own (rank 0's `final_params.pt`); None:
+    not comparable."""
+    params = run_dir / "logs" / "final_params.pt"
+    if not params.is_file():
+        return None
+    return parameter_l2(torch.load(params, weights_only=True, map_location="cpu"), replayed)[1]
+
+
+def _check_final_params(run_dir: Path, digests: list[str]) -> None:
+    """Rank 0's `final_params.pt` holds what the ranks reported (a replay held to a tolerance is compared with it)."""
+    params = run_dir / "logs" / "final_params.pt"
+    held = state_digest(torch.load(params, weights_only=True, map_location="cpu")) if params.is_file() else None
+    if held not in digests:
+        raise ReferenceUnusable(f"the fault-free reference run's {params} holds {held or 'nothing'}, not the "
+                                f"parameters its ranks reported ({digests}): delete {run_dir} and run again")
 
 
 def reference_model(ref_dir: Path, summary: dict[str, Any]) -> tuple[ExpectedModel, list[StepPlan]]:

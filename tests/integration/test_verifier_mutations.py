@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+import chaos.reference
 from chaos.cli import _verify_or_report, main, run_scenario
-from chaos.reference import reference_dir
+from chaos.errors import ReferenceUnusable
+from chaos.reference import reference_dir, summarize_reference
 from chaos.scenario import load
 from training.planted import DOUBLE_STEP_AFTER_RESUME, PLANTED_BUG_ENV
 
@@ -172,3 +174,54 @@ def test_a_planted_training_bug_fails_the_run(scenario: str, reference_cache: Pa
     assert report["model_check"]["first_divergence"] is not None
     assert any("differ from the fault-free" in p and "the losses first differ at step" in p
                for p in report["problems"]), report["problems"]
+
+
+ALLREDUCE_ON_THREE = """name = "allreduce-3"
+description = "three ranks, DDP's built-in all-reduce (summed in gloo's order), rank 1 killed"
+[job]
+nproc = 3
+steps = 40
+global_batch = 24
+dataset = "synthetic:768"
+step_time = 0.02
+ckpt_strategy = "none"
+grad_reduction = "allreduce"
+
+[[faults]]
+kind = "kill-boundary"
+rank = 1
+step = 20
+"""
+
+
+def test_ddp_allreduce_on_three_ranks_is_held_to_the_tolerance_and_a_planted_bug_still_fails(
+        reference_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No replay sums in gloo's order, so the reference's own replay is held to the model check's tolerance, not
+    to a digest: every such scenario failed before its first faulted step ("the replay is not faithful")."""
+    spec = tmp_path / "allreduce-3.toml"
+    spec.write_text(ALLREDUCE_ON_THREE)
+    report = run_scenario(str(spec), tmp_path / "good", quiet=True)
+    model = report["model_check"]
+    assert report["verdict"] == "pass", report["problems"]
+    assert model["checked"] and model["exact"] is False and model["within_tolerance"] is True, model
+    assert 0 < model["param_l2_relative"] <= model["tolerance_relative_l2"], model
+    # The reference's replay was held to the tolerance, against parameters that are the ones its ranks reported.
+    scenario = load(str(spec))
+    ref = reference_dir(scenario)
+    summary = json.loads((ref / "summary.json").read_text())
+    assert summary["replay_exact"] is False and 0 < summary["replay_relative_l2"] <= model["tolerance_relative_l2"]
+    with monkeypatch.context() as broken:  # no tolerance at all: this replay is not exact, so it is refused
+        broken.setattr(chaos.reference, "TOLERANCE_RELATIVE_L2", 0.0)
+        with pytest.raises(ReferenceUnusable, match="beyond the tolerance"):
+            summarize_reference(ref, scenario, 0.0)
+    tampered = tmp_path / "tampered-reference"
+    shutil.copytree(ref, tampered)
+    params = torch.load(tampered / "logs" / "final_params.pt", weights_only=True)
+    torch.save({k: v * 1.0000001 if v.is_floating_point() else v for k, v in params.items()},
+               tampered / "logs" / "final_params.pt")
+    with pytest.raises(ReferenceUnusable, match="not the parameters its ranks reported"):
+        summarize_reference(tampered, scenario, 0.0)
+    monkeypatch.setenv(PLANTED_BUG_ENV, DOUBLE_STEP_AFTER_RESUME)
+    report = run_scenario(str(spec), tmp_path / "planted", quiet=True)
+    assert report["verdict"] == "fail" and report["model_check"]["within_tolerance"] is False
+    assert any("beyond the tolerance" in p for p in report["problems"]), report["problems"]
