@@ -138,8 +138,7 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
             f"{verdict.final_digests}: the replay is not faithful on this machine, so no model check can be "
             f"trusted. Report this with the run directory")
     if not exact:  # DDP's built-in all-reduce on 3+ ranks sums in gloo's order: held to the model check's tolerance
-        _check_final_params(run_dir, verdict.final_digests)
-        relative = _replay_distance(run_dir, replayed.state)
+        relative = parameter_l2(_final_params(run_dir, verdict.final_digests), replayed.state)[1]
         if relative is None or relative > TOLERANCE_RELATIVE_L2:
             raise ReferenceUnusable(
                 f"the replay of the fault-free reference ({run_dir}) ends {relative} (relative L2) from the real "
@@ -154,22 +153,16 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
             "steps_per_s": goodput(scan.records, job.steps), "wall_s": wall_s}
 
 
-def _replay_distance(run_dir: Path, replayed: dict[str, torch.Tensor]) -> float | None:
-    """How far (relative L2) the replay's parameters are from the run's own (rank 0's `final_params.pt`); None:
-    not comparable."""
+def _final_params(run_dir: Path, digests: list[str]) -> dict[str, torch.Tensor]:
+    """Rank 0's `final_params.pt`, which must hold what the ranks reported (a replay held to a tolerance is compared
+    with it)."""
     params = run_dir / "logs" / "final_params.pt"
-    if not params.is_file():
-        return None
-    return parameter_l2(torch.load(params, weights_only=True, map_location="cpu"), replayed)[1]
-
-
-def _check_final_params(run_dir: Path, digests: list[str]) -> None:
-    """Rank 0's `final_params.pt` holds what the ranks reported (a replay held to a tolerance is compared with it)."""
-    params = run_dir / "logs" / "final_params.pt"
-    held = state_digest(torch.load(params, weights_only=True, map_location="cpu")) if params.is_file() else None
-    if held not in digests:
+    state = torch.load(params, weights_only=True, map_location="cpu") if params.is_file() else None
+    held = state_digest(state) if state is not None else None
+    if state is None or held not in digests:
         raise ReferenceUnusable(f"the fault-free reference run's {params} holds {held or 'nothing'}, not the "
                                 f"parameters its ranks reported ({digests}): delete {run_dir} and run again")
+    return state
 
 
 def reference_model(ref_dir: Path, summary: dict[str, Any]) -> tuple[ExpectedModel, list[StepPlan]]:
