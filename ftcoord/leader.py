@@ -274,7 +274,7 @@ class LeaderDuty:
         generation = next_generation(self._store, current)
         if running is not None:
             self._judge.fence_stuck_outsiders(running, facts, read_at, generation, self._term)
-        if current == 0 or record is None or record.failed is not None or self._interrupted == current:
+        if current == 0 or running is None:
             return self._open_next(generation, facts, read_at, record, current)
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so
         # its members hear of the error when they rejoin (the leader decides nothing more), whoever wrote it: one
