@@ -143,10 +143,9 @@ def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[Step
     if not verdict.final_digests:
         check.problems.append("model not checked: no rank reported its final parameters")
         return check
-    run_state = _load_final(final_params, check)
-    if run_state is not None and state_digest(run_state) not in verdict.final_digests:
-        check.problems.append(f"{final_params.name} holds other parameters than the ranks reported "
-                              f"({state_digest(run_state)} vs {verdict.final_digests})")
+    run_state, problem = read_final_params(final_params, verdict.final_digests)
+    if problem is not None:
+        check.problems.append(problem)
     check.checked = True
     check.bit_identical = verdict.final_digests == [expected.digest]
     if run_state is not None and expected.state is not None:
@@ -167,15 +166,19 @@ def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[Step
     return check
 
 
-def _load_final(path: Path, check: ModelCheck) -> dict[str, torch.Tensor] | None:
+def read_final_params(path: Path, digests: list[str]) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    """Rank 0's final parameters (`final_params.pt`), and why they are not the ranks' own when they are not: the
+    file is missing or unreadable (no parameters then), or holds other parameters than the ranks reported."""
     if not path.is_file():
-        check.problems.append(f"model not fully checked: {path} (rank 0's final parameters) is missing")
-        return None
+        return None, f"model not fully checked: {path} (rank 0's final parameters) is missing"
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # unreadable evidence is a problem, named
-        check.problems.append(f"model not fully checked: {path} cannot be read ({exc})")
-        return None
+        return None, f"model not fully checked: {path} cannot be read ({exc})"
+    digest = state_digest(state)
+    if digest not in digests:
+        return state, f"{path.name} holds other parameters than the ranks reported ({digest} vs {digests})"
+    return state, None
 
 
 def parameter_l2(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> tuple[float | None, float | None]:

@@ -37,6 +37,7 @@ from chaos.model_check import (
     ExpectedModel,
     exact_arithmetic,
     parameter_l2,
+    read_final_params,
     run_losses,
     step_plan,
 )
@@ -44,7 +45,6 @@ from chaos.replay import StepPlan, replay
 from chaos.scenario import Scenario, training_config
 from chaos.verify import verify_ledger
 from training.ledger import scan_ledgers
-from training.state import state_digest
 
 CACHE_ENV = "FTCOORD_CACHE_DIR"
 SUMMARY = "summary.json"
@@ -156,12 +156,10 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
 def _final_params(run_dir: Path, digests: list[str]) -> dict[str, torch.Tensor]:
     """Rank 0's `final_params.pt`, which must hold what the ranks reported (a replay held to a tolerance is compared
     with it)."""
-    params = run_dir / "logs" / "final_params.pt"
-    state = torch.load(params, weights_only=True, map_location="cpu") if params.is_file() else None
-    held = state_digest(state) if state is not None else None
-    if state is None or held not in digests:
-        raise ReferenceUnusable(f"the fault-free reference run's {params} holds {held or 'nothing'}, not the "
-                                f"parameters its ranks reported ({digests}): delete {run_dir} and run again")
+    state, problem = read_final_params(run_dir / "logs" / "final_params.pt", digests)
+    if problem is not None:  # a missing or unreadable file is one too
+        raise ReferenceUnusable(f"rank 0's final parameters in the fault-free reference run {run_dir} are not the "
+                                f"parameters its ranks reported ({problem}): delete it and run again")
     return state
 
 
