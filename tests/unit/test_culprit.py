@@ -121,6 +121,9 @@ def test_a_process_stuck_outside_the_running_generation_is_fenced_and_nobody_els
     store = job_store(connect(store_server.address), job_id)
     judgement = judge(store_server, job_id)
     store.append(keys.joiners(5), JoinRequest(5, 3, 1, 12).to_json() + "\n")
+    # TCPStore answers no set or append: the judgement's own client could read before the server took it (CI: slot 3
+    # fenced, its announcement not there yet). A read on the same connection comes back only after it.
+    assert get_or_none(store, keys.joiners(5)) is not None
     facts = {2: outsider(2, 40), 3: outsider(3, 12), 4: outsider(4, 30), 5: outsider(5, 9, waiting=True),
              100000: outsider(100000, 0)}
     t0 = time.monotonic()
