@@ -216,8 +216,22 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
     return fault
 
 
+def ranks_kept(job: JobSpec) -> int:
+    """The ranks a job holds at every step it trains: ranks are numbered densely from 0, so rank r exists whenever
+    the world is larger than r. A job of several nodes trains without one of them for a while (a node lost, or with
+    the job restart policy its launcher restarting that node's processes: the others carry on); one node's job
+    gets every slot back (its replacements are waited for). Never below min_world_size: no step is trained below
+    it."""
+    kept = job.nproc
+    if len(job.nodes) > 1:
+        kept -= max(len(node) for node in job.nodes)
+    return max(kept, job.min_world_size, 1)
+
+
 def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) -> tuple[Fault, ...]:
-    """Faults drawn from an MTBF (in steps): kinds, slots and steps all from the seed."""
+    """Faults drawn from an MTBF (in steps): kinds, slots and steps all from the seed. A fault aimed at a rank aims
+    at one the job keeps at every step (`ranks_kept`): drawn among all of them, a job of two nodes drew faults for
+    ranks that did not exist while it trained at the size of one node, and they never fired (mixed schedule E)."""
     rng = random.Random(seed)
     faults, step = [], 0.0
     while True:
@@ -228,7 +242,7 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         # A pause shorter than the heartbeat timeout is ridden through; a longer one is a hang.
         duration = (3 * job.heartbeat_timeout if kind == "hang" else
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
-        target = rng.randrange(job.nproc)  # a rank: spares and replacements cannot make it miss
+        target = rng.randrange(ranks_kept(job))  # a rank: spares and replacements cannot make it miss
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
 

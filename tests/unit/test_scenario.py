@@ -29,6 +29,21 @@ def test_random_faults_are_reproducible_from_the_seed() -> None:
     assert other.faults != load("random").faults
 
 
+def test_random_faults_aim_only_at_ranks_the_job_keeps() -> None:
+    """Ranks are dense: a job of two nodes of two trains at world size 2 while one node is away (lost, or restarted
+    by its launcher), so a random fault for rank 2 or 3 may find no such rank and never fire. Drawn among the ranks
+    it keeps, it always finds its target; a job of one node keeps all of its ranks (the draws of its seeds are
+    unchanged)."""
+    text = ('name = "x"\ndescription = "d"\n[job]\nnproc = 4\nsteps = 400\nglobal_batch = 8\n{nodes}'
+            '[random]\nseed = 5\nmtbf_steps = 8\n')
+    one_node = parse(text.format(nodes=""), "one.toml")
+    two_nodes = parse(text.format(nodes="nodes = [[0, 1], [2, 3]]\n"), "two.toml")
+    aimed = [f.rank for f in two_nodes.faults if f.rank is not None]
+    assert aimed and max(aimed) < 2, f"a job of two nodes of two drew faults for ranks {sorted(set(aimed))}"
+    assert {f.rank for f in one_node.faults if f.rank is not None} == {0, 1, 2, 3}
+    assert [f.step for f in one_node.faults] == [f.step for f in two_nodes.faults]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
