@@ -63,7 +63,8 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
         name = f"{planned.kind} at step {planned.step} ({target})"
         matching = [e for e in events if e.get("index") == index]
         if not matching:
-            problems.append(f"planned fault {name} never fired{_why_not_fired(planned.rank, planned.step, records)}")
+            why = _ended_first(index, scenario, events) or _why_not_fired(planned.rank, planned.step, records)
+            problems.append(f"planned fault {name} never fired{why}")
             continue
         event = matching[0]
         if not event.get("fired", True):
@@ -79,6 +80,21 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
         elif not _had_effect(effect, event, records, scenario.job.nproc, planned.duration):
             problems.append(f"planned fault {name} had no effect: expected {effect} after it")
     return problems
+
+
+def _ended_first(index: int, scenario: Scenario, events: list[dict[str, Any]]) -> str:
+    """Why an in-rank fault never fired when another in-rank fault for the same target and step did: the first ended
+    that process's step, its peers committed the step, and no one runs a committed step again (mixed schedule H)."""
+    planned = scenario.faults[index]
+    if not planned.in_rank:
+        return ""
+    for other_index, other in enumerate(scenario.faults):
+        same_target = other.rank == planned.rank and (other.rank is not None or other.slot == planned.slot)
+        if (other_index != index and other.in_rank and other.step == planned.step and same_target
+                and any(e.get("index") == other_index for e in events)):
+            return (f": {other.kind} at the same step and target fired first and ended that step there, and a step "
+                    f"its peers committed is not run again (plan one in-rank fault per target and step)")
+    return ""
 
 
 def _why_not_fired(rank: int | None, step: int, records: list[dict[str, Any]]) -> str:

@@ -48,3 +48,15 @@ def test_a_rank_fault_whose_step_was_never_committed_says_so() -> None:
 def test_a_rank_fault_whose_rank_existed_gives_no_reason_it_cannot_know() -> None:
     problems = fault_problems(parse(SCENARIO), [], steps(4, 0, 40), [])
     assert problems[0] == "planned fault raise at step 20 (rank 3) never fired"
+
+
+def test_a_fault_whose_step_another_fault_ended_first_says_so() -> None:
+    """Two in-rank faults for one rank at one step: the first ends that rank's step, its peers commit it, and the
+    step is not run again (mixed schedule H, drawn at random: a raise-midstep and a kill-midstep at step 34)."""
+    scenario = parse(SCENARIO.replace('kind = "kill"\nslot = 1\nstep = 30',
+                                      'kind = "kill-midstep"\nrank = 3\nstep = 20'))
+    problems = fault_problems(scenario, [{"index": 0, "kind": "raise", "mono": 20.0}], steps(4, 0, 40), [])
+    assert problems[-1] == (
+        "planned fault kill-midstep at step 20 (rank 3) never fired: raise at the same step and target fired first "
+        "and ended that step there, and a step its peers committed is not run again (plan one in-rank fault per "
+        "target and step)")
