@@ -232,12 +232,13 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     """Faults drawn from an MTBF (in steps): kinds, slots and steps all from the seed. A fault aimed at a rank aims
     at one the job keeps at every step (`ranks_kept`): drawn among all of them, a job of two nodes drew faults for
     ranks that did not exist while it trained at the size of one node, and they never fired (mixed schedule E).
-    A second in-rank fault drawn for the rank and step of an earlier one is left out: the first ends that rank's
-    step, which its peers commit, so the step is not run again and the second never fires (mixed schedule H: a
-    raise-midstep and a kill-midstep at step 34 of rank 2). The draws are the same either way."""
+    A second fault drawn for the rank and step of an earlier one is left out: the first ends that rank's step, which
+    its peers commit, so the step is not run again and an in-rank second never fires (mixed schedule H: a
+    raise-midstep and a kill-midstep at step 34 of rank 2), and one sent from outside finds that rank's process
+    dead or changed. The draws are the same either way."""
     rng = random.Random(seed)
     faults, step = [], 0.0
-    in_rank: set[tuple[int, int]] = set()
+    aimed: set[tuple[int, int]] = set()  # (rank, step) of the faults aimed at a rank so far
     while True:
         step += rng.expovariate(1.0 / mtbf_steps)
         if step >= job.steps - margin:
@@ -247,10 +248,10 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         duration = (3 * job.heartbeat_timeout if kind == "hang" else
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
         target = rng.randrange(ranks_kept(job))  # a rank: spares and replacements cannot make it miss
-        if kind in IN_RANK_KINDS:
-            if (target, int(step)) in in_rank:
+        if kind in RANK_KINDS:
+            if (target, int(step)) in aimed:
                 continue
-            in_rank.add((target, int(step)))
+            aimed.add((target, int(step)))
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
 
