@@ -16,6 +16,7 @@ INFO = "info"  # JSON: the job's timing and when it first committed a step (ftco
 LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.jobs)
 INSTANCE = "instance"  # "epoch:nonce": which life of the store server this is (ftcoord.store_link)
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.slot_report)
+JOB_RESTARTS = "job_restarts"  # counter: whole-job restarts asked (`--restart-policy job`: ftcoord.job_restarts)
 
 
 def probe(generation: int) -> str:

@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-restarts", type=arguments.non_negative_int, default=DEFAULTS["max_restarts"],
                         help="restarts per slot (slot policy) or of the whole job (job policy)")
     parser.add_argument("--restart-policy", choices=("slot", "job"), default=DEFAULTS["restart_policy"],
-                        help="slot: restart only the dead process; job: restart every process of this node (on one "
-                             "node the whole job: the baseline)")
+                        help="slot: restart only the dead process; job: restart every process of the job, on every "
+                             "node (the classic baseline)")
     parser.add_argument("--warm-standby", type=arguments.non_negative_int, default=DEFAULTS["warm_standby"],
                         help="1: keep a template process with torch (and the command's module) imported that forks "
                              "each slot's process in milliseconds; 0: start every process as a new interpreter")

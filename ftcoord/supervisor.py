@@ -30,6 +30,7 @@ from ftcoord.decisions import LeaderClaim
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.heartbeat import mark_dead
 from ftcoord.job_end import JobEndWatch
+from ftcoord.job_restarts import JobRestarts
 from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
@@ -91,8 +92,10 @@ class Supervisor:
         self._use_standby = bool(self.config.warm_standby and self._python_command)
         if self.config.warm_standby and not self._python_command:
             self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
+        self._job_restarts: JobRestarts | None = None
         if self.config.restart_policy == "job":
             self._use_standby = False  # the whole-job restart baseline starts every process afresh
+            self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.job_restarts)
         self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
         self._fences_due = 0.0
         self._job_end = JobEndWatch(self.config.grace_s, get_or_none(self.store, keys.STOPPED))
@@ -139,6 +142,8 @@ class Supervisor:
             if slot.replacing > slot.incarnation:
                 store.set(keys.replacing(slot.slot), f"{slot.replacing}:{slot.replacing_beat}")
             self._report_to(store, slot)
+        if self._job_restarts is not None:
+            self._job_restarts.rebuild(store)
         self._log.info("store_rebuilt_by_launcher", slots=sorted(self.slots))
 
     def _start(self, slot: SlotProcess, from_standby: bool = True) -> None:
@@ -230,6 +235,8 @@ class Supervisor:
             return EXIT_OK
         self._announce_replacements(now)
         self._fence(now)
+        if self._job_restarts is not None and (number := self._job_restarts.asked_elsewhere(now)) is not None:
+            return self._restart_job(number, asked_here=False)
         self._end_outstayed(now)
         self._refresh_standby()
         return None
@@ -280,8 +287,8 @@ class Supervisor:
             self._log.error("job_failed", error=fatal.decode())
             self._kill_all()
             return EXIT_FAILED
-        if self.config.restart_policy == "job":
-            return self._restart_job()
+        if self._job_restarts is not None:
+            return self._restart_job(*self._job_restarts.ask())
         if slot.restarts >= self.config.max_restarts:
             self._log.error("restarts_exhausted", slot=slot.slot, restarts=slot.restarts,
                             max_restarts=self.config.max_restarts, last_code=code)
@@ -342,8 +349,10 @@ class Supervisor:
                         keys.launcher(slot)):
                 self.store.delete_key(key)
 
-    def _restart_job(self) -> int | None:
-        """The classic whole-job restart: stop every process, start them all again."""
+    def _restart_job(self, number: int, asked_here: bool) -> int | None:
+        """The classic whole-job restart: stop every process of this node, start them all again; the job's
+        restart `number`, asked by this launcher (a process of this node died) or by another one
+        (ftcoord.job_restarts: every launcher restarts its own node's)."""
         if self.job_restarts >= self.config.max_restarts:
             self._log.error("restarts_exhausted", job_restarts=self.job_restarts)
             print(f"ftcoord-launch: the job restarted {self.job_restarts} times (max_restarts="
@@ -352,7 +361,9 @@ class Supervisor:
             return EXIT_RESTARTS_EXHAUSTED
         self.job_restarts += 1
         self._kill_all()
-        self._log.warning("job_restart", job_restarts=self.job_restarts)
+        # One `job_restart` per restart of the job (the launcher that asked), `job_restart_followed` on the others.
+        self._log.warning("job_restart" if asked_here else "job_restart_followed", job_restarts=self.job_restarts,
+                          number=number)
         for slot in self.slots.values():
             slot.finished = False
             slot.restart_kinds["job"] += 1

@@ -464,3 +464,32 @@ def test_job_restart_policy_restarts_every_process(store_server: StoreServer, jo
         pids_by_slot.setdefault(e["slot"], set()).add(e["pid"])
     assert all(len(p) == 2 for p in pids_by_slot.values()), pids_by_slot  # every slot got a new process
     assert run.logs("job_restart")
+
+
+def test_job_restart_policy_restarts_every_node(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Two launchers (nodes of two slots), `--restart-policy job`: slot 1 on node A dies; node B's launcher restarts
+    its processes too (ftcoord.job_restarts), so every process of the job is new. Before, each launcher restarted
+    only its own node's, and node B's carried on and healed node A's new processes from memory: on several nodes
+    the whole-job baseline lost no state at all (mixed schedule E)."""
+    nodes = {"a": (0, ("--exit-at", "1:20")), "b": (2, ())}
+    procs = [launch(tmp_path / name, store_server.address, job_id, "--steps", "60", *job_args, nproc=2,
+                    launcher_args=("--restart-policy", "job", "--world-size", "4", "--first-slot", str(first)))
+             for name, (first, job_args) in nodes.items()]
+    try:
+        results = [finish(proc) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    a, b = AllreduceRun(tmp_path / "a"), AllreduceRun(tmp_path / "b")
+    pids_by_slot: dict[int, set[int]] = {}
+    for run in (a, b):
+        for e in run.events("generation"):
+            pids_by_slot.setdefault(e["slot"], set()).add(e["pid"])
+    assert sorted(pids_by_slot) == [0, 1, 2, 3]
+    assert all(len(p) == 2 for p in pids_by_slot.values()), f"not every process was restarted: {pids_by_slot}"
+    a.assert_correct(60)
+    b.assert_correct(60)
+    assert [e["number"] for e in a.logs("job_restart")] == [1] and not a.logs("job_restart_followed")
+    assert [e["number"] for e in b.logs("job_restart_followed")] == [1] and not b.logs("job_restart")

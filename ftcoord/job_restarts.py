@@ -1,0 +1,62 @@
+"""Whole-job restarts across launchers (`--restart-policy job`): one counter in the store.
+
+The classic baseline restarts every process of the job when one dies. A launcher owns only its node's
+processes, so the one that saw the death asks (an `add` to keys.JOB_RESTARTS) and restarts its own; every
+other launcher reads the counter every FENCE_POLL_S and, finding it past the restarts it carried out, restarts
+its own too. Each launcher restarted only its own node's before, while the others' processes carried on and
+healed the restarted ones from memory: on several nodes the "baseline" lost no state (mixed schedule E). The
+others follow within FENCE_POLL_S, long before the new processes of the launcher that asked come up (they start
+as new interpreters: seconds), so no state survives, as in the classic restart.
+
+Two launchers that see deaths at the same moment may both ask before either reads the other's: one restart
+too many, never one missing. A launcher that finds a restart asked that it has not carried out yet carries out
+that one rather than asking again. The counter of an earlier run of the job (a relaunch) is not followed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+from ftcoord import keys
+from ftcoord.judgement import FENCE_POLL_S
+from ftcoord.store import raise_to, read_int
+
+
+class JobRestarts:
+    """This launcher's view of the job's restarts: how many it carried out, and whether another launcher asked
+    for one more."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self._store = store
+        self.carried_out = read_int(store, keys.JOB_RESTARTS)  # an earlier run's are not ours to follow
+        self._due = 0.0
+
+    def ask(self) -> tuple[int, bool]:
+        """A process of this node died: the number of the restart to carry out, and whether this launcher asked
+        for it (False: another launcher asked first, and this one had not carried it out yet)."""
+        asked = read_int(self._store, keys.JOB_RESTARTS)
+        if asked > self.carried_out:
+            self.carried_out = asked
+            return asked, False
+        self.carried_out = int(self._store.add(keys.JOB_RESTARTS, 1))
+        return self.carried_out, True
+
+    def asked_elsewhere(self, now: float | None = None) -> int | None:
+        """The number of a restart another launcher asked for and this one has not carried out (read every
+        FENCE_POLL_S; None between reads and when there is none)."""
+        now = time.monotonic() if now is None else now
+        if now < self._due:
+            return None
+        self._due = now + FENCE_POLL_S
+        asked = read_int(self._store, keys.JOB_RESTARTS)
+        if asked <= self.carried_out:
+            return None
+        self.carried_out = asked
+        return asked
+
+    def rebuild(self, store: dist.Store) -> None:
+        """The store came back empty: the count of restarts is not lowered (a launcher that asks next would
+        otherwise ask for a number the others have carried out already, and they would not follow)."""
+        raise_to(store, keys.JOB_RESTARTS, self.carried_out)
