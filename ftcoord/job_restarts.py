@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.judgement import FENCE_POLL_S
-from ftcoord.store import raise_to, read_int
+from ftcoord.store import get_or_none, raise_to
 
 
 class JobRestarts:
@@ -30,16 +30,16 @@ class JobRestarts:
 
     def __init__(self, store: dist.Store) -> None:
         self._store = store
-        self.carried_out = read_int(store, keys.JOB_RESTARTS)  # an earlier run's are not ours to follow
+        self.carried_out = asked(store)  # an earlier run's are not ours to follow
         self._due = 0.0
 
     def ask(self) -> tuple[int, bool]:
         """A process of this node died: the number of the restart to carry out, and whether this launcher asked
         for it (False: another launcher asked first, and this one had not carried it out yet)."""
-        asked = read_int(self._store, keys.JOB_RESTARTS)
-        if asked > self.carried_out:
-            self.carried_out = asked
-            return asked, False
+        number = asked(self._store)
+        if number > self.carried_out:
+            self.carried_out = number
+            return number, False
         self.carried_out = int(self._store.add(keys.JOB_RESTARTS, 1))
         return self.carried_out, True
 
@@ -50,13 +50,20 @@ class JobRestarts:
         if now < self._due:
             return None
         self._due = now + FENCE_POLL_S
-        asked = read_int(self._store, keys.JOB_RESTARTS)
-        if asked <= self.carried_out:
+        number = asked(self._store)
+        if number <= self.carried_out:
             return None
-        self.carried_out = asked
-        return asked
+        self.carried_out = number
+        return number
 
     def rebuild(self, store: dist.Store) -> None:
         """The store came back empty: the count of restarts is not lowered (a launcher that asks next would
         otherwise ask for a number the others have carried out already, and they would not follow)."""
-        raise_to(store, keys.JOB_RESTARTS, self.carried_out)
+        if self.carried_out:
+            raise_to(store, keys.JOB_RESTARTS, self.carried_out)
+
+
+def asked(store: dist.Store) -> int:
+    """How many whole-job restarts were asked in this job (read without creating the count: a job that never
+    restarted leaves no key of it)."""
+    return int(get_or_none(store, keys.JOB_RESTARTS) or 0)
