@@ -472,7 +472,9 @@ def test_job_restart_policy_restarts_every_node(store_server: StoreServer, job_i
     only its own node's, and node B's carried on and healed node A's new processes from memory: on several nodes
     the whole-job baseline lost no state at all (mixed schedule E)."""
     nodes = {"a": (0, ("--exit-at", "1:20")), "b": (2, ())}
-    procs = [launch(tmp_path / name, store_server.address, job_id, "--steps", "60", *job_args, nproc=2,
+    # 150 steps: node B's processes, left at world size 2, train on for seconds past step 20 (its launcher follows
+    # within FENCE_POLL_S), so they are still there to be restarted on a slow machine.
+    procs = [launch(tmp_path / name, store_server.address, job_id, "--steps", "150", *job_args, nproc=2,
                     launcher_args=("--restart-policy", "job", "--world-size", "4", "--first-slot", str(first)))
              for name, (first, job_args) in nodes.items()]
     try:
@@ -489,7 +491,7 @@ def test_job_restart_policy_restarts_every_node(store_server: StoreServer, job_i
             pids_by_slot.setdefault(e["slot"], set()).add(e["pid"])
     assert sorted(pids_by_slot) == [0, 1, 2, 3]
     assert all(len(p) == 2 for p in pids_by_slot.values()), f"not every process was restarted: {pids_by_slot}"
-    a.assert_correct(60)
-    b.assert_correct(60)
+    a.assert_correct(150)
+    b.assert_correct(150)
     assert [e["number"] for e in a.logs("job_restart")] == [1] and not a.logs("job_restart_followed")
     assert [e["number"] for e in b.logs("job_restart_followed")] == [1] and not b.logs("job_restart")
