@@ -218,10 +218,9 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
 
 def ranks_kept(job: JobSpec) -> int:
     """The ranks a job holds at every step it trains: ranks are numbered densely from 0, so rank r exists whenever
-    the world is larger than r. A job of several nodes trains without one of them for a while (a node lost, or with
-    the job restart policy its launcher restarting that node's processes: the others carry on); one node's job
-    gets every slot back (its replacements are waited for). Never below min_world_size: no step is trained below
-    it."""
+    the world is larger than r. A job of several nodes trains without one of them for a while (a node lost); one
+    node's job gets every slot back (its replacements are waited for). Never below min_world_size: no step is
+    trained below it."""
     kept = job.nproc
     if len(job.nodes) > 1:
         kept -= max(len(node) for node in job.nodes)

@@ -30,8 +30,8 @@ def test_random_faults_are_reproducible_from_the_seed() -> None:
 
 
 def test_random_faults_aim_only_at_ranks_the_job_keeps() -> None:
-    """Ranks are dense: a job of two nodes of two trains at world size 2 while one node is away (lost, or restarted
-    by its launcher), so a random fault for rank 2 or 3 may find no such rank and never fire. Drawn among the ranks
+    """Ranks are dense: a job of two nodes of two trains at world size 2 while one node is away (lost), so a random
+    fault for rank 2 or 3 may find no such rank and never fire. Drawn among the ranks
     it keeps, it always finds its target; a job of one node keeps all of its ranks (the draws of its seeds are
     unchanged)."""
     text = ('name = "x"\ndescription = "d"\n[job]\nnproc = 4\nsteps = 400\nglobal_batch = 8\n{nodes}'
