@@ -236,7 +236,7 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     raise-midstep and a kill-midstep at step 34 of rank 2), and one sent from outside finds that rank's process
     dead or changed. The draws are the same either way."""
     rng = random.Random(seed)
-    faults, step = [], 0.0
+    faults, step, ranks = [], 0.0, ranks_kept(job)
     aimed: set[tuple[int, int]] = set()  # (rank, step) of the faults aimed at a rank so far
     while True:
         step += rng.expovariate(1.0 / mtbf_steps)
@@ -246,7 +246,7 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         # A pause shorter than the heartbeat timeout is ridden through; a longer one is a hang.
         duration = (3 * job.heartbeat_timeout if kind == "hang" else
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
-        target = rng.randrange(ranks_kept(job))  # a rank: spares and replacements cannot make it miss
+        target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
         if kind in RANK_KINDS:
             if (target, int(step)) in aimed:
                 continue

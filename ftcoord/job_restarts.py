@@ -15,8 +15,6 @@ that one rather than asking again. The counter of an earlier run of the job (a r
 
 from __future__ import annotations
 
-import time
-
 import torch.distributed as dist
 
 from ftcoord import keys
@@ -43,10 +41,9 @@ class JobRestarts:
         self.carried_out = int(self._store.add(keys.JOB_RESTARTS, 1))
         return self.carried_out, True
 
-    def asked_elsewhere(self, now: float | None = None) -> int | None:
+    def asked_elsewhere(self, now: float) -> int | None:
         """The number of a restart another launcher asked for and this one has not carried out (read every
-        FENCE_POLL_S; None between reads and when there is none)."""
-        now = time.monotonic() if now is None else now
+        FENCE_POLL_S of the monotonic `now`; None between reads and when there is none)."""
         if now < self._due:
             return None
         self._due = now + FENCE_POLL_S
