@@ -365,7 +365,7 @@ class LeaderDuty:
         if record is None:
             return False
         if record.failed is None:
-            left_out = still_left_out(record, proposal.ready.missing, facts, previous)
+            left_out = still_left_out(record, proposal.ready.missing | proposal.ready.gone, facts, previous)
             record = replace(record, stop=self._stop_asked(), left_out=tuple(sorted(left_out.items())))
         return self._write(record, current, partial=not proposal.ready.everyone)
 

@@ -4,7 +4,8 @@ Recovery at the speed of evidence, not of timeouts:
 - at once when every live slot has joined (a starting job: every worker; spares only at last call);
 - a slot is dead without waiting when there is evidence: its launcher's dead mark, or a connection
   that closed under the generation's collectives while it neither rejoined, announced leaving nor
-  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence);
+  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence); the
+  record carries such members as left out, so a leader that takes over does not wait for their heartbeat timeout;
   silence for heartbeat_timeout is the last resort;
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
   (one generation change, the world size kept, however slow a cold start); a process that is alive
@@ -47,6 +48,10 @@ class Readiness:
     are missing, all of theirs."""
     missing: frozenset[int] = frozenset()
     """Slots awaited that have not joined (a decision now leaves them out)."""
+    gone: frozenset[int] = frozenset()
+    """Members of the previous generation not awaited on the evidence of a closed connection, though alive by their
+    heartbeats (not yet heartbeat_timeout old): a decision now leaves them out too, and its record says so, so that
+    a next leader, which saw none of the evidence, does not wait for them either (`still_left_out`)."""
 
 
 def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFacts], clock: OpenClock, now: float,
@@ -84,7 +89,8 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     else:
         last_call = now - clock.last_change >= timing.join_timeout
     return Readiness(decide=everyone or last_call, everyone=everyone, expecting=announced + max(1, len(missing)),
-                     missing=frozenset(missing))
+                     missing=frozenset(missing),
+                     gone=frozenset(s for s in gone if s in facts and judge.alive(facts[s]) and s not in joined_slots))
 
 
 def left_out_by(record: GenerationRecord | None) -> dict[int, int]:
@@ -95,10 +101,12 @@ def left_out_by(record: GenerationRecord | None) -> dict[int, int]:
 
 def still_left_out(record: GenerationRecord, missing: frozenset[int], facts: dict[int, SlotFacts],
                    previous: GenerationRecord | None) -> dict[int, int]:
-    """After deciding `record` without the awaited slots `missing`: slot -> incarnation of the processes alive and
-    left out, not to be awaited again (`previous`'s, carried on, and `missing`). One stays so until it announces
-    itself (the record considered it) or its slot has a new incarnation; a replacement on its way is a new
-    incarnation, never left out."""
+    """After deciding `record` without the slots `missing` (Readiness.missing and .gone: awaited at a last call, or
+    gone by evidence): slot -> incarnation of the processes alive and left out, not to be awaited again
+    (`previous`'s, carried on, and `missing`). One stays so until it announces itself (the record considered it) or
+    its slot has a new incarnation; a replacement on its way is a new incarnation, never left out. A leader that
+    decides after a leader that died knows them from the record: a lost node's members, left out on the evidence of
+    its peers' closed connections, cost it no wait for their heartbeat timeout (mixed schedule L: 2.3 s)."""
     considered = {slot for slot, _ in record.considered}
     kept = {s: i for s, i in left_out_by(previous).items()
             if s not in considered and s in facts and facts[s].incarnation == i}

@@ -73,8 +73,9 @@ class GenerationRecord:
     """A stop (keys.STOP) was asked when this generation was decided: its members stop at its first boundary,
     together (ftcoord.monitor)."""
     left_out: tuple[tuple[int, int], ...] = ()
-    """(slot, incarnation) of the live processes left out at a last call and not awaited again until they announce
-    themselves (ftcoord.readiness.still_left_out): in the record, so a new leader does not wait for them once more."""
+    """(slot, incarnation) of the live processes left out at a last call, or on the evidence of a closed connection,
+    and not awaited again until they announce themselves (ftcoord.readiness.still_left_out): in the record, so a new
+    leader does not wait for them once more."""
 
     @property
     def world_size(self) -> int:

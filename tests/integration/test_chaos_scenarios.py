@@ -158,6 +158,22 @@ def test_lose_node(tmp_path: Path) -> None:
     assert lose["recover_s"] < 1.5, report["faults"]
 
 
+def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:
+    """The lost node's ranks are left out on evidence, long before their heartbeat timeout (6 s here); then the
+    leader dies. Its successor saw none of that evidence and waited for the lost ranks until their heartbeats went
+    stale (mixed schedule L: 2.3 s at a 2 s timeout); the record now carries them as left out, and the successor
+    decides as soon as the dead leader's replacement announces itself."""
+    bundled = Path(__file__).parents[2] / "chaos" / "scenarios" / "lose-node.toml"
+    scenario = tmp_path / "lose-node-then-leader.toml"
+    text = bundled.read_text().replace('name = "lose-node"', 'name = "lose-node-then-leader"')
+    text = text.replace('ckpt_strategy = "none"', 'ckpt_strategy = "none"\nheartbeat_timeout = 6.0')
+    scenario.write_text(text + '\n[[faults]]\nkind = "kill-leader"\nstep = 45\n')
+    report = run(str(scenario), tmp_path)
+    lose, leader = (next(f for f in report["faults"] if f["kind"] == kind) for kind in ("lose", "kill-leader"))
+    assert lose["recover_s"] < 1.5 and leader["recover_s"] < 2.5, report["faults"]
+    assert report["world_sizes"] == [2, 4] and report["generations"] == 3
+
+
 def test_two_at_once(tmp_path: Path) -> None:
     """Two replacements at once, both forked by the warm standby: one generation change, the world kept."""
     report = run("two-at-once", tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ftcoord import StoreServer, connect, job_store
+from ftcoord import StoreServer, connect, job_store, keys
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.judgement import FENCE_ANSWER_S, Judge
@@ -115,3 +115,48 @@ def test_a_process_left_out_at_a_last_call_is_not_awaited_again_until_it_announc
     # Whoever leads next knows it from the record (or it would wait for it once more); nothing before the first.
     assert left_out_by(leaving_out(left_out)) == {2: 2}
     assert left_out_by(None) == {}
+
+
+def test_members_gone_by_evidence_are_not_awaited_by_the_next_leader(store_server: StoreServer, job_id: str) -> None:
+    """A node is lost (no launcher left to say so): its members' peers report closed connections, and the leader
+    decides without them, silent for evidence_silence, long before their heartbeat timeout. Then that leader dies
+    too. Its successor knew nothing of the evidence and saw the lost members alive by their heartbeats (not yet
+    heartbeat_timeout old), so it waited for them until they went stale (mixed schedule L: 2.3 s, where the
+    replacement of the dead leader announced itself 0.17 s after the kill). The record carries them as left out,
+    as it carries those left out at a last call: the next leader decides at once."""
+    timing, clock = Timing(), Clock()
+    store = job_store(connect(store_server.address), job_id)
+    judge = Judge(store, timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    old = GenerationRecord(generation=7, members=(0, 1, 2, 3), incarnations=(2, 2, 2, 2), leader=2, leader_term=1,
+                           target_world_size=4)
+    facts = {s: _facts(s, beat=10) for s in (0, 1, 2, 3)}
+    judge.observe(facts, read_at=clock.now)
+    clock.now += timing.evidence_silence + 0.1
+    facts = {0: _facts(0, beat=10), 1: _facts(1, beat=10), 2: _facts(2, beat=14), 3: _facts(3, beat=14)}
+    judge.observe(facts, read_at=clock.now)  # slots 0 and 1 silent since: their node is gone
+    store.append(keys.evidence(7), "closed 0 2\n")
+    live = [JoinRequest(8, s, 2, 70) for s in (2, 3)]
+    at = clock.now
+    first = readiness(live, 2, facts, OpenClock(at, at), at, judge, old, True, QuorumPolicy(4), timing)
+    assert first.decide and first.everyone, "members gone by evidence are awaited"
+    record = GenerationRecord(generation=8, members=(2, 3), incarnations=(2, 2), leader=2, leader_term=1,
+                              target_world_size=4, considered=((2, 2), (3, 2)))
+    left_out = still_left_out(record, first.missing | first.gone, facts, old)
+    assert left_out == {0: 2, 1: 2}, "the record does not carry the members it left out on evidence"
+    record = GenerationRecord.from_json(replace(record, left_out=tuple(sorted(left_out.items()))).to_json())
+
+    # Slot 2 (the leader) dies at once; slot 3 leads, with a judge that saw none of it, and its replacement announces.
+    successor = Judge(store, timing, None, get_logger())
+    successor.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    facts = {**facts, 2: SlotFacts(slot=2, incarnation=3, heartbeat=1, progress=0, waiting=False, dead=0, left=0,
+                                   replacing=0)}
+    successor.observe(facts, read_at=clock.now)
+    live = [JoinRequest(9, 2, 3, 80), JoinRequest(9, 3, 2, 80)]
+    now = clock.now
+    ready = readiness(live, 2, facts, OpenClock(now, now), now, successor, record, True, QuorumPolicy(4), timing)
+    assert ready.decide and ready.everyone, f"the next leader waits for the lost node's members: {ready}"
+    # A member left out so that announces itself (it was alive after all) is considered, and no longer left out.
+    rejoined = replace(record, generation=9, members=(0, 2, 3), incarnations=(2, 3, 2),
+                       considered=((0, 2), (2, 3), (3, 2)))
+    assert still_left_out(rejoined, ready.missing | ready.gone, facts, record) == {1: 2}
