@@ -44,7 +44,7 @@ EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midste
            "kill-midreduce": NEW_GENERATION, "kill-follower": NEW_GENERATION,
            "raise": NEW_GENERATION, "raise-midstep": NEW_GENERATION,
            "kill-leader": NEW_GENERATION, "hang": NEW_GENERATION, "early-restart": NEW_GENERATION,
-           "lose": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
+           "lose": NEW_GENERATION, "partition": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
            "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING, "stuck": NEW_GENERATION,
            "pause": TRAINS_ON, "pause-leader": TRAINS_ON, "store-restart": TRAINS_THROUGH,
            "store-hang": TRAINS_THROUGH}

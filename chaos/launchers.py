@@ -39,10 +39,13 @@ class Node:
     slots: list[int]
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    partitioned: bool = False
+    """Stopped for good by a partition fault (its processes still exist)."""
 
 
 class Launchers:
-    """The launchers of one run: start, preempt (SIGTERM), lose (SIGKILL everything) and restart."""
+    """The launchers of one run: start, preempt (SIGTERM), lose (SIGKILL everything), partition (SIGSTOP everything)
+    and restart."""
 
     def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
                  output: Path, reference: bool = False) -> None:
@@ -69,6 +72,9 @@ class Launchers:
                 *training_args(job, self.out / "ckpt")]
 
     def start(self, node: Node) -> None:
+        if node.partitioned:  # the old machine is powered off before a new one takes its place
+            self.kill(node)
+            node.partitioned = False
         node.process = subprocess.Popen(self.command(node), env=self.env, stdout=self.output,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         node.starts += 1
@@ -89,6 +95,16 @@ class Launchers:
                 pass
             node.process.wait()
 
+    def stop(self, node: Node) -> None:
+        """The node stops answering for good (a partition): its launcher and every process it started are stopped,
+        their connections left open, as a peer sees a node that lost power or its network."""
+        if node.process is not None and node.process.poll() is None:
+            try:
+                os.killpg(node.process.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+            node.partitioned = True
+
     def kill_all(self) -> None:
         for node in self.nodes:
             self.kill(node)
@@ -100,7 +116,7 @@ class Launchers:
                 node.process.send_signal(signal.SIGTERM)
 
     def running(self) -> list[Node]:
-        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None and not n.partitioned]
 
     def exit_codes(self) -> dict[int, int | None]:
         return {n.index: (n.process.returncode if n.process else None) for n in self.nodes}

@@ -249,9 +249,17 @@ class ChaosRunner:
             self._record(index, fault, tail, node.process.pid, note=f"node {node.index}")
             launchers.kill(node)
             self._lost.add(node.index)
+        elif kind == "partition":
+            node = launchers.node_of(fault.slot)
+            if node.process is None or node.process.poll() is not None or node.partitioned:
+                self._record(index, fault, tail, None, note=f"node {node.index} was not running", fired=False)
+                return True
+            self._record(index, fault, tail, node.process.pid, note=f"node {node.index}")
+            launchers.stop(node)
+            self._lost.add(node.index)
         elif kind == "replace":
             node = launchers.node_of(fault.slot)
-            if node.process is not None and node.process.poll() is None:
+            if node.process is not None and node.process.poll() is None and not node.partitioned:
                 self._record(index, fault, tail, None, note=f"node {node.index} was still running", fired=False)
                 return True
             self._record(index, fault, tail, None, note=f"node {node.index}")

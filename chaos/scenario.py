@@ -41,8 +41,11 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "ra
 # same for whoever leads at that step; hang: a pause meant to outlast the heartbeat timeout.
 # store-restart: SIGKILL the store server, start a new, empty one on the same port `duration` s later;
 # store-hang: SIGSTOP the store server, SIGCONT it `duration` s later (the run's store is then its own process).
+# lose: SIGKILL a node's launcher and every process it started (their connections close at once); partition: SIGSTOP
+# them for good (the node stops answering, as on a power or network loss: no connection closes, a peer blocked on one
+# stays blocked); replace: a new launcher for a lost or partitioned node (a partitioned one is killed first).
 OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
-                 "lose", "replace", "early-restart", "store-restart", "store-hang")
+                 "lose", "partition", "replace", "early-restart", "store-restart", "store-hang")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
                 "pause-leader", "stuck")
@@ -206,7 +209,7 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
                             f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")
-    if fault.kind in ("lose", "replace") and not job.nodes:
+    if fault.kind in ("lose", "partition", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
     if fault.kind == "kill-midreduce" and job.grad_reduction != "fixed":
         raise ScenarioError(f"{where}: kill-midreduce fires inside the fixed-order gradient reduction; this job "

@@ -20,6 +20,7 @@ from ftcoord.heal import HealReport, heal
 from ftcoord.log import get_logger
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
+from ftcoord.release import GroupRelease
 from ftcoord.store import wait_for_key
 from ftcoord.store_link import LinkedStore
 
@@ -84,6 +85,7 @@ class CallWrapper:
         self._group: dist.ProcessGroup | None = None
         self._backend: str | None = None
         self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.group_sockets)
+        self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (ftcoord.release)
         self._atomic_depth = 0
         self.step: int = -1
         """The last step this process committed; set it so the next join can report it."""
@@ -222,6 +224,9 @@ class CallWrapper:
         if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.evidence)
             evidence.publish_addresses(self.store, self.iteration, self.slot,
                                        evidence.local_addresses(self._sockets))
+            monitor = self._participant.monitor
+            self._release = GroupRelease(self.slot, self.iteration, self.members, self._sockets, monitor.wait,
+                                         lambda: monitor.reason).start()
         self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
                        world_size=self.world_size)
         return self._group
@@ -320,6 +325,9 @@ class CallWrapper:
                 no peer may stay blocked in one of its collectives, whoever still references the
                 group (NCCL: the communicator is aborted; gloo: its sockets are shut down).
         """
+        if self._release is not None:
+            self._release.stop()
+            self._release = None
         if self._group is None:
             return
         try:

@@ -158,6 +158,18 @@ def test_lose_node(tmp_path: Path) -> None:
     assert lose["recover_s"] < 1.5, report["faults"]
 
 
+def test_partition(tmp_path: Path) -> None:
+    """A node stops answering (stopped: no connection closes). The survivors stood in a collective with its ranks
+    until pg_timeout (60 s: recovery 60.1 s), deaf to the interrupt the leader wrote for them after the heartbeat
+    timeout (2 s here); now that interrupt releases them (ftcoord.release)."""
+    report = run("partition", tmp_path)
+    assert report["world_sizes"] == [2, 4] and report["generations"] == 2
+    [partition] = report["faults"]
+    assert partition["recover_s"] < 10.0, report["faults"]
+    released = read_logs(tmp_path / "partition" / "logs", ("process_group_released_early",))
+    assert {e["slot"] for e in released} == {0, 1}, released
+
+
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:
     """The lost node's ranks are left out on evidence, long before their heartbeat timeout (6 s here); then the
     leader dies. Its successor saw none of that evidence and waited for the lost ranks until their heartbeats went
