@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,6 +105,13 @@ class Launchers:
             except ProcessLookupError:
                 pass
             node.partitioned = True
+
+    def resume(self, node: Node) -> None:
+        """A partition heals: the node's launcher and processes run on, from where they were stopped."""
+        if node.partitioned and node.process is not None and node.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.process.pid, signal.SIGCONT)
+        node.partitioned = False
 
     def kill_all(self) -> None:
         for node in self.nodes:

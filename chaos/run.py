@@ -77,6 +77,7 @@ class ChaosRunner:
         self.log = get_logger(component="chaos", scenario=scenario.name)
         self.events: list[FaultEvent] = []
         self._pending_conts: list[tuple[float, int]] = []
+        self._pending_heals: list[tuple[float, int]] = []  # (when, node): a partition with a duration heals then
         self._relaunch_at: float | None = None
         self._crash_marker = out / "ckpt-crash-marker"
         self._lost: set[int] = set()  # nodes lost on purpose and not replaced
@@ -125,6 +126,7 @@ class ChaosRunner:
                     if self._inject(index, fault, tail, launchers, give_up) or give_up:
                         pending.remove((index, fault))
                 self._resume_stopped(now)
+                self._heal_partitions(now, launchers)
                 server.tick(now)
                 if crash is not None and self._crash_marker.exists():
                     # Rank 0 died inside a checkpoint write (planted in the commit); now the
@@ -254,9 +256,13 @@ class ChaosRunner:
             if node.process is None or node.process.poll() is not None or node.partitioned:
                 self._record(index, fault, tail, None, note=f"node {node.index} was not running", fired=False)
                 return True
-            self._record(index, fault, tail, node.process.pid, note=f"node {node.index}")
+            healed = f", healed {fault.duration}s later" if fault.duration > 0 else ""
+            self._record(index, fault, tail, node.process.pid, note=f"node {node.index}{healed}")
             launchers.stop(node)
-            self._lost.add(node.index)
+            if fault.duration > 0:
+                self._pending_heals.append((time.monotonic() + fault.duration, node.index))
+            else:
+                self._lost.add(node.index)
         elif kind == "replace":
             node = launchers.node_of(fault.slot)
             if node.process is not None and node.process.poll() is None and not node.partitioned:
@@ -272,6 +278,13 @@ class ChaosRunner:
         only this loop brings it back: a read of it now would wait for itself (a kill-leader drawn within a store
         fault's duration blocked the runner's loop, and with it the store's restart, for good)."""
         return self.server.restarting or any(pid == self.server.pid for _, pid in self._pending_conts)
+
+    def _heal_partitions(self, now: float, launchers: Launchers) -> None:
+        """SIGCONT every process of a partitioned node whose partition is over (unless it was replaced meanwhile)."""
+        for due, index in list(self._pending_heals):
+            if now >= due:
+                self._pending_heals.remove((due, index))
+                launchers.resume(launchers.nodes[index])
 
     def _resume_stopped(self, now: float) -> None:
         """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a

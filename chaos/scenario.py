@@ -42,8 +42,9 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "ra
 # store-restart: SIGKILL the store server, start a new, empty one on the same port `duration` s later;
 # store-hang: SIGSTOP the store server, SIGCONT it `duration` s later (the run's store is then its own process).
 # lose: SIGKILL a node's launcher and every process it started (their connections close at once); partition: SIGSTOP
-# them for good (the node stops answering, as on a power or network loss: no connection closes, a peer blocked on one
-# stays blocked); replace: a new launcher for a lost or partitioned node (a partitioned one is killed first).
+# them (the node stops answering, as on a power or network loss: no connection closes, a peer blocked on one stays
+# blocked), for good, or SIGCONT them `duration` s later when one is given (the partition heals: they run on, ghosts
+# of generations long decided); replace: a new launcher for a lost or partitioned node (a partitioned one is killed).
 OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
                  "lose", "partition", "replace", "early-restart", "store-restart", "store-hang")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
@@ -209,6 +210,10 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
                             f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")
+    if fault.kind == "partition" and 0 < fault.duration <= job.heartbeat_timeout:
+        raise ScenarioError(f"{where}: a partition of duration = {fault.duration}s is ridden through "
+                            f"(heartbeat_timeout = {job.heartbeat_timeout}s); give more than the heartbeat timeout, "
+                            f"or none (for good)")
     if fault.kind in ("lose", "partition", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
     if fault.kind == "kill-midreduce" and job.grad_reduction != "fixed":

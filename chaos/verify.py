@@ -58,7 +58,8 @@ class _Generation:
     number: int
     lines: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its generation line
     steps: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # rank -> committed steps
-    monos: list[float] = field(default_factory=list)  # when its steps were committed (one host's clock)
+    monos: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # step -> when its ranks
+    # committed it (one host's clock)
 
     @property
     def world_size(self) -> int | None:
@@ -106,7 +107,7 @@ def verify_ledger(scan: LedgerScan, expect: DataExpectation, steps: int, dead_pi
             commits[record["step"]][record["generation"]].append(record)
             generations.setdefault(record["generation"], _Generation(record["generation"]))
             generations[record["generation"]].steps[record["rank"]].add(record["step"])
-            generations[record["generation"]].monos.append(record["mono"])
+            generations[record["generation"]].monos[record["step"]].append(record["mono"])
     verdict.problems += _check_generations(generations)
     verdict.problems += _check_generation_order(generations)
     trained: dict[int, list[int]] = defaultdict(list)
@@ -180,8 +181,13 @@ def _check_generation_order(generations: dict[int, _Generation]) -> list[str]:
     """Generation numbers are unique and increase with time, across store restarts too: every step of a
     generation was committed before any step of a higher-numbered one (a number decided twice, or a
     restarted store that reused a lower number, shows as steps out of order). A chaos run's ranks share
-    one host, so their monotonic clocks compare."""
-    trained = sorted((n, min(g.monos), max(g.monos)) for n, g in generations.items() if g.monos)
+    one host, so their monotonic clocks compare.
+
+    A step is committed when its collectives completed, so when its first rank wrote it: a member stopped right
+    after them (a node partitioned, then healed) writes its line when it runs again, seconds into the next
+    generation, and that late line of a step its peers committed in time orders nothing."""
+    trained = sorted((n, min(min(m) for m in g.monos.values()), min(g.monos[max(g.monos)]))
+                     for n, g in generations.items() if g.monos)
     return [f"generation {later} committed a step at mono {first:.3f}, before generation {earlier}'s last step at "
             f"{last:.3f}: generation numbers must increase with time"
             for (earlier, _, last), (later, first, _) in zip(trained, trained[1:], strict=False) if first < last]

@@ -161,13 +161,15 @@ def test_lose_node(tmp_path: Path) -> None:
 def test_partition(tmp_path: Path) -> None:
     """A node stops answering (stopped: no connection closes). The survivors stood in a collective with its ranks
     until pg_timeout (60 s: recovery 60.1 s), deaf to the interrupt the leader wrote for them after the heartbeat
-    timeout (2 s here); now that interrupt releases them (ftcoord.release)."""
+    timeout (2 s here); now that interrupt releases them (ftcoord.release). When the node runs again, its ranks
+    write the line of the step they had finished (the verifier's order of generations reads a step's first line)
+    and their launcher replaces them: the job grows back."""
     report = run("partition", tmp_path)
-    assert report["world_sizes"] == [2, 4] and report["generations"] == 2
+    assert report["world_sizes"] == [2, 4] and report["generations"] == 3
     [partition] = report["faults"]
-    assert partition["recover_s"] < 10.0, report["faults"]
+    assert partition["recover_s"] < 5.0 and partition["full_recover_s"] is not None, report["faults"]
     released = read_logs(tmp_path / "partition" / "logs", ("process_group_released_early",))
-    assert {e["slot"] for e in released} == {0, 1}, released
+    assert {0, 1} <= {e["slot"] for e in released}, released  # the survivors (and a resumed rank of the node, may)
 
 
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:

@@ -71,6 +71,8 @@ def test_random_faults_plan_one_fault_per_rank_and_step() -> None:
          "a hang needs duration > 0"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "lose"\nslot = 1\nstep = 1\n',
          "declare \\[job\\] nodes"),
+        ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0], [1]]\n[[faults]]\nkind = "partition"\n'
+         'slot = 1\nstep = 1\nduration = 1.5\n', r"a partition of duration = 1.5s is ridden through"),
         ('name = "x"\n' + GOOD_JOB, "'description' must be a non-empty string"),
         ('name = "x\n', "not valid TOML"),
         ('name = "x"\ndescription = "d"\n[job]\nmodel = "gpt"\n', "model = 'gpt': choose one of"),

@@ -179,6 +179,18 @@ def test_generation_numbers_must_increase_with_time() -> None:
                for p in verdict.problems), verdict.problems
 
 
+def test_a_late_line_of_a_step_its_peers_committed_in_time_orders_nothing() -> None:
+    """A member stopped right after a step's collectives (its node partitioned) writes its line of that step when it
+    runs again, after the next generation started: its peers committed the step in time (partition-heals scenario).
+    Sabotage: a generation's last step timed by its last line fails this."""
+    records = clean_records(end=10) + clean_records(generation=2, start=10) + finals()
+    late = next(r for r in records if r["kind"] == "step" and r["generation"] == 1 and r["step"] == 9
+                and r["rank"] == 1)
+    late["mono"] = 20_000 + 50  # written once generation 2 had trained a few steps
+    verdict = verify(records)
+    assert verdict.passed, verdict.problems
+
+
 def test_a_world_size_change_is_followed_step_by_step() -> None:
     records = clean_records(end=10) + clean_records(world=1, generation=2, start=10) + finals(world=1)
     verdict = verify(records)
