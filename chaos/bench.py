@@ -352,8 +352,9 @@ def recovery_rows(report: dict[str, Any]) -> list[tuple[str, Any, str, bool | No
         if name in NO_TARGET:
             rows_.append((name, stall, "comparison", None, full, "comparison", None))
             continue
-        limit = hang_limit if name == "hang" else 0.5
-        full_target = name not in ("hang", "node lost")  # lost for good: nothing to come back; hang: detect first
+        silent = name in ("hang", "node partitioned")  # no evidence but silence: detected at heartbeat_timeout
+        limit = hang_limit if silent else 0.5
+        full_target = not silent and name != "node lost"  # lost for good: nothing to come back
         rows_.append((name, stall, f"<= {limit} s", stall is not None and stall <= limit, full,
                       "<= 1 s" if full_target else "-", (full is not None and full <= 1.0) if full_target else None))
     return sorted(rows_, key=lambda r: -(r[1] or 0))

@@ -66,6 +66,7 @@ def classes(steps: int) -> dict[str, tuple[JobSpec, tuple[Fault, ...]]]:
                                          (Fault("kill-boundary", step=at, rank=1),
                                           Fault("kill-boundary", step=at, rank=2))),
         "node lost": (replace(two, nodes=((0,), (1,))), (Fault("lose", slot=1, step=at),)),
+        "node partitioned": (replace(two, nodes=((0,), (1,))), (Fault("partition", slot=1, step=at),)),
         "hang": (two, (Fault("hang", step=at, rank=1, duration=DEFAULT.heartbeat_timeout + 5),)),
         "whole-job restart (baseline)": (default_job(steps=steps, restart_policy="job"), (Fault("kill", 1, at),)),
     }

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from chaos.expected import DataExpectation
+from chaos.lineage import effective_generations
 from chaos.replay import StepPlan, replay
 from chaos.verify import Verdict
 from training.config import TrainConfig
@@ -74,12 +75,10 @@ class ModelCheck:
 def step_plan(records: list[dict[str, Any]], verdict: Verdict) -> tuple[list[StepPlan], list[str]]:
     """How the run committed each step: world size, gradient reduction and each rank's threads."""
     lines: dict[int, dict[int, dict[str, Any]]] = {}
-    effective: dict[int, int] = {}
+    effective = effective_generations(records)
     for r in records:
         if r["kind"] == "generation":
             lines.setdefault(r["generation"], {})[r["rank"]] = r
-        elif r["kind"] == "step":
-            effective[r["step"]] = max(effective.get(r["step"], 0), r["generation"])
     plan, problems = [], []
     for step in range(verdict.steps):
         if step not in effective:
@@ -100,11 +99,9 @@ def step_plan(records: list[dict[str, Any]], verdict: Verdict) -> tuple[list[Ste
 
 
 def run_losses(records: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
-    """Per step, each rank's loss as the highest generation that committed the step recorded it."""
-    best: dict[int, int] = {}
-    for r in records:
-        if r["kind"] == "step":
-            best[r["step"]] = max(best.get(r["step"], 0), r["generation"])
+    """Per step, each rank's loss as the generation whose commit of it the final model carries recorded it
+    (chaos.lineage)."""
+    best = effective_generations(records)
     losses: dict[int, dict[int, float]] = {}
     for r in records:
         if r["kind"] == "step" and r["generation"] == best[r["step"]]:

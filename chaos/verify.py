@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaos.expected import DataExpectation
+from chaos.lineage import effective_generations
 from training.ledger import LedgerScan
 
 
@@ -110,6 +111,7 @@ def verify_ledger(scan: LedgerScan, expect: DataExpectation, steps: int, dead_pi
             generations[record["generation"]].monos[record["step"]].append(record["mono"])
     verdict.problems += _check_generations(generations)
     verdict.problems += _check_generation_order(generations)
+    carried = effective_generations(scan.records)  # the commit of each step the final model carries
     trained: dict[int, list[int]] = defaultdict(list)
     for step in range(steps):
         if step not in commits:
@@ -117,7 +119,7 @@ def verify_ledger(scan: LedgerScan, expect: DataExpectation, steps: int, dead_pi
             continue
         verdict.committed += 1
         verdict.replayed_steps += len(commits[step]) - 1
-        number = max(commits[step])
+        number = carried[step]
         gen = generations[number]
         world = gen.world_size or commits[step][number][0]["world_size"]
         verdict.schedule.append(world)

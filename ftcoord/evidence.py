@@ -15,6 +15,10 @@ cost up to 0.75 s at the default interval: a lost node's median stall was 0.55 s
 on this evidence: a member that was alive after all (a paused process) joins the next generation
 and the job grows back.
 
+A node that stops answering without its connections closing (power or network lost: a partition) leaves no such
+evidence: its silence is, after heartbeat_timeout, and the members blocked in a collective with it are released then,
+by the interrupt that declares it dead (ftcoord.release), not by gloo's pg_timeout.
+
 Members publish the local addresses of their group's connections when the group forms, so a
 report names the member it saw close (for the log and the operator); a member that leaves a
 generation on purpose (an in-process restart) announces it before it shuts its sockets down.

@@ -191,6 +191,35 @@ def test_a_late_line_of_a_step_its_peers_committed_in_time_orders_nothing() -> N
     assert verdict.passed, verdict.problems
 
 
+def test_the_steps_that_count_are_those_of_the_branch_the_final_model_carries() -> None:
+    """Mixed schedule M2: generation 1 (2 ranks) commits steps 0-9 and stands blocked; generation 2, one new
+    process, loads the checkpoint of step 8 and trains steps 8-14 on its own, then sticks too; generation 3 forms
+    from generation 1's processes and resumes at step 10 from their own state. Steps 8 and 9 the final model carries
+    are generation 1's (2 ranks), not generation 2's, though its number is higher: the replay of the schedule read
+    otherwise summed their gradients over one rank and differed from the run by an ulp. Sabotage: the highest
+    generation per step makes the schedule [..., 1, 1, ...] here."""
+    def line(generation: int, rank: int, world: int, start: int, pid: int, mono: float, **more: Any) -> dict:
+        return {**generation_line(generation, rank, world, start, pid), "members": list(range(world)),
+                "heal_source": 0, "mono": mono, **more}
+
+    records, mono = [line(1, r, 2, 0, 100 + r, 1.0) for r in range(2)], 10.0
+    for step in range(10):
+        for rank in range(2):
+            records.append(step_line(step, 1, rank, 2, 100 + rank, mono := mono + 1))
+        if step == 7:  # the checkpoint of step 8 (8 steps done), saved by generation 1's rank 0
+            records.append({"kind": "checkpoint", "generation": 1, "step": 8, "rank": 0, "pid": 100,
+                            "mono": mono + 0.5})
+    records.append(line(2, 0, 1, 8, 300, 100.0, loaded_from="disk:ckpt/step_00000008"))
+    records += [step_line(step, 2, 0, 1, 300, 100.0 + step) for step in range(8, 15)]
+    records += [line(3, r, 2, 10, 100 + r, 200.0) for r in range(2)]
+    records += [step_line(step, 3, rank, 2, 100 + rank, 200.0 + 2 * step + rank)
+                for step in range(10, STEPS) for rank in range(2)]
+    verdict = verify(records + finals())
+    assert verdict.passed, verdict.problems
+    assert verdict.schedule == [2] * STEPS, f"steps counted from the abandoned branch: {verdict.schedule}"
+    assert verdict.replayed_steps == 7
+
+
 def test_a_world_size_change_is_followed_step_by_step() -> None:
     records = clean_records(end=10) + clean_records(world=1, generation=2, start=10) + finals(world=1)
     verdict = verify(records)
