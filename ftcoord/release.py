@@ -33,7 +33,7 @@ DEATH_REASONS = ("heartbeat_stale", "hung", "gone")
 """The reasons a leader interrupts a generation for when one of its members is dead or fenced (ftcoord.judgement)."""
 
 _REASON = re.compile(r"^([a-z_]+):slot=(\d+)")
-_POLL_S = 0.05  # how often the watch looks whether its generation's group is still there
+_POLL_S = 1.0  # how often the watch looks whether its group was torn down (an interrupt wakes it at once)
 
 
 def dead_member(reason: str | None) -> int | None:
@@ -67,6 +67,12 @@ class GroupRelease:
     def stop(self) -> None:
         """The group is torn down (or the generation left): nothing to watch."""
         self._done.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait until the watch ended (after its generation's interrupt, or within _POLL_S of stop); True when it
+        did. `released` is final then."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._done.is_set():
