@@ -49,7 +49,6 @@ class GroupRelease:
 
     def __init__(self, slot: int, generation: int, members: tuple[int, ...], sockets: dict[int, str],
                  interrupted: Callable[[float], bool], reason: Callable[[], str | None]) -> None:
-        self._slot = slot
         self._others = set(members) - {slot}
         self._sockets = dict(sockets)  # a copy: the training thread clears its own at teardown
         self._interrupted = interrupted
