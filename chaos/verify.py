@@ -59,8 +59,8 @@ class _Generation:
     number: int
     lines: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its generation line
     steps: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # rank -> committed steps
-    monos: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # step -> when its ranks
-    # committed it (one host's clock)
+    # step -> when its ranks committed it (one host's clock)
+    monos: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     @property
     def world_size(self) -> int | None:

@@ -31,6 +31,11 @@ from ftcoord.heartbeat import LivenessObserver
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts
 
+HEARTBEAT_STALE, HUNG, GONE = "heartbeat_stale", "hung", "gone"
+DEATH_REASONS = (HEARTBEAT_STALE, HUNG, GONE)
+"""Why the leader interrupts a generation for one of its members (`<reason>:slot=<member>`): it is dead or fenced
+(its peers read them: ftcoord.release)."""
+
 FENCE_POLL_S = 0.1
 """How often a launcher reads its slots' fences (ftcoord.supervisor)."""
 FENCE_ANSWER_S = 3 * FENCE_POLL_S
@@ -90,7 +95,7 @@ class Judge:
         for member, inc, fact in members:
             if self.alive(fact, inc) and member not in hung:
                 continue
-            reason = "hung" if member in hung else ("gone" if fact.is_gone(inc) else "heartbeat_stale")
+            reason = HUNG if member in hung else (GONE if fact.is_gone(inc) else HEARTBEAT_STALE)
             if not fact.is_gone(inc):
                 self._fence(member, inc, reason, term)  # a hung peer then fails the collectives at once
             self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
@@ -133,7 +138,7 @@ class Judge:
         members = set(running.members) if running is not None else set()
         for slot, fact in facts.items():
             if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):
-                self._fence(slot, fact.incarnation, "heartbeat_stale", term)
+                self._fence(slot, fact.incarnation, HEARTBEAT_STALE, term)
 
     def fence_stuck_outsiders(self, record: GenerationRecord, facts: dict[int, SlotFacts], read_at: float,
                               next_generation: int, term: int) -> None:

@@ -90,7 +90,7 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
         last_call = now - clock.last_change >= timing.join_timeout
     return Readiness(decide=everyone or last_call, everyone=everyone, expecting=announced + max(1, len(missing)),
                      missing=frozenset(missing),
-                     gone=frozenset(s for s in gone if s in facts and judge.alive(facts[s]) and s not in joined_slots))
+                     gone=frozenset(s for s in gone if s in facts and judge.alive(facts[s])))  # none joined
 
 
 def left_out_by(record: GenerationRecord | None) -> dict[int, int]:

@@ -27,10 +27,8 @@ import threading
 from collections.abc import Callable
 
 from ftcoord import group_sockets
+from ftcoord.judgement import DEATH_REASONS
 from ftcoord.log import get_logger
-
-DEATH_REASONS = ("heartbeat_stale", "hung", "gone")
-"""The reasons a leader interrupts a generation for when one of its members is dead or fenced (ftcoord.judgement)."""
 
 _REASON = re.compile(r"^([a-z_]+):slot=(\d+)")
 _POLL_S = 1.0  # how often the watch looks whether its group was torn down (an interrupt wakes it at once)
