@@ -112,6 +112,7 @@ class ChaosRunner:
         pending = [(i, f) for i, f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
         crash = next(((i, f) for i, f in self.faults if f.kind == "ckpt-crash"), None)
         retrying: dict[int, float] = {}  # fault index -> when it first found no live target
+        reached: dict[int, float] = {}  # fault index -> when its step was first seen committed
         started = time.monotonic()
         codes: list[dict[int, int | None]] = []
         result = RunResult(self.out, job_id, 0.0, codes)
@@ -122,6 +123,8 @@ class ChaosRunner:
                 self._note_in_rank_faults(tail)
                 now = time.monotonic()
                 for index, fault in [(i, f) for i, f in pending if tail.committed() >= f.step]:
+                    if now < reached.setdefault(index, now) + fault.after:
+                        continue  # its step was committed; it fires `after` seconds later
                     give_up = now - retrying.setdefault(index, now) > FIRE_RETRY_S
                     if self._inject(index, fault, tail, launchers, give_up) or give_up:
                         pending.remove((index, fault))
@@ -141,7 +144,8 @@ class ChaosRunner:
                     launchers.start_all()
                     self.log.info("job_relaunched")
                 display.update(tail, len(self.events))
-                if not launchers.running() and self._relaunch_at is None:
+                if not launchers.running() and self._relaunch_at is None and not self._pending_heals:
+                    # (a partitioned node that heals later runs on then: its launcher finds the job's end and exits)
                     codes.append(launchers.exit_codes())
                     break
                 if now - started > self.timeout_s:

@@ -126,6 +126,9 @@ class Fault:
     duration: float = 0.0
     """hang: seconds stopped before SIGCONT; slow: seconds one step takes longer."""
     label: str = ""
+    after: float = 0.0
+    """Seconds after its step was committed that the fault fires (out-of-rank kinds): a second fault while the job
+    stands still after a first one, whose step never comes (a preemption while a node does not answer)."""
     rank: int | None = None
     """Aim at whoever holds this rank when the fault fires, not at a slot (a slot may be a hot
     spare at that moment, or a replacement still starting)."""
@@ -206,6 +209,11 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
     if not 0 <= fault.step < job.steps:
         raise ScenarioError(f"{where}: step = {fault.step} is beyond the run (steps 0..{job.steps - 1})")
+    if not isinstance(fault.after, int | float) or fault.after < 0:
+        raise ScenarioError(f"{where}: after = {fault.after!r}: give the seconds after its step (0 or more)")
+    if fault.after > 0 and (fault.in_rank or fault.kind == "ckpt-crash"):
+        raise ScenarioError(f"{where}: a {fault.kind} fires inside its rank's step, not {fault.after}s after it; "
+                            f"after works with {[k for k in OUTSIDE_KINDS if k != 'ckpt-crash']}")
     if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow") and fault.duration <= 0:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "

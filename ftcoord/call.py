@@ -226,7 +226,8 @@ class CallWrapper:
                                        evidence.local_addresses(self._sockets))
             monitor = self._participant.monitor
             self._release = GroupRelease(self.slot, self.iteration, self.members, self._sockets, monitor.wait,
-                                         lambda: monitor.reason).start()
+                                         lambda: monitor.reason, self._participant.clone_store,
+                                         grace_s=self._participant.timing.heartbeat_timeout / 2).start()
         self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
                        world_size=self.world_size)
         return self._group

@@ -169,8 +169,8 @@ def forget(store: dist.Store, generation: int) -> None:
     store.set(keys.record(generation), keys.FORGOTTEN)
     if generation > TOMBSTONE_SPAN:  # tombstones too have an end, or the store would grow by one per generation
         store.delete_key(keys.record(generation - TOMBSTONE_SPAN))
-    for key in (keys.joiners(generation), keys.probe(generation),
-                keys.interrupt(generation), keys.addresses(generation), keys.evidence(generation),
-                keys.finished(generation), keys.arrived(generation), keys.all_arrived(generation),
+    for key in (keys.joiners(generation), keys.probe(generation), keys.interrupt(generation), keys.released(generation),
+                keys.addresses(generation), keys.evidence(generation), keys.finished(generation),
+                keys.arrived(generation), keys.all_arrived(generation),
                 *(keys.gloo_rendezvous(generation, rank) for rank in range(record.world_size if record else 0))):
         store.delete_key(key)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ftcoord import evidence, keys
 from ftcoord.config import Timing
-from ftcoord.decisions import read_announcements
+from ftcoord.decisions import read_announcements, read_record
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts
@@ -35,6 +35,10 @@ HEARTBEAT_STALE, HUNG, GONE = "heartbeat_stale", "hung", "gone"
 DEATH_REASONS = (HEARTBEAT_STALE, HUNG, GONE)
 """Why the leader interrupts a generation for one of its members (`<reason>:slot=<member>`): it is dead or fenced
 (its peers read them: ftcoord.release)."""
+
+RELEASE_LOOKBACK = 4
+"""How many generations back a silent process fenced outside the running generation is looked for among the members
+(ftcoord.release): the generations decided without it since the one it was blocked in (a partial quorum, a grow)."""
 
 FENCE_POLL_S = 0.1
 """How often a launcher reads its slots' fences (ftcoord.supervisor)."""
@@ -98,24 +102,34 @@ class Judge:
             reason = HUNG if member in hung else (GONE if fact.is_gone(inc) else HEARTBEAT_STALE)
             if not fact.is_gone(inc):
                 self._fence(member, inc, reason, term)  # a hung peer then fails the collectives at once
-            self._store.compare_set(keys.interrupt(record.generation), "", f"{reason}:slot={member}")
+            declared = f"{reason}:slot={member}"
+            if self._store.compare_set(keys.interrupt(record.generation), "", declared).decode() != declared:
+                self._release_peers(record.generation, declared)  # another reason ended it a moment before
             self._log.warning("member_declared_dead", generation=record.generation, slot=member,
                               incarnation=inc, reason=reason,
                               silent_s=round(self.observer.silent_for(f"hb/{member}"), 3))
             return True
         return False
 
-    def _fence(self, slot: int, incarnation: int, reason: str, term: int) -> None:
-        """Ask the slot's launcher to kill this incarnation (once). The term lets the launcher ignore a
-        fence of a leader deposed before it could see the kill through."""
+    def _release_peers(self, generation: int, declared: str) -> None:
+        """Tell the members of `generation`, which another reason ended, that one of them is declared dead
+        (`<reason>:slot=<member>`): one still blocked in a collective with it shuts its group down (ftcoord.release),
+        rather than wait for pg_timeout. First declaration wins: one dead member dooms every collective."""
+        if self._store.compare_set(keys.released(generation), "", declared).decode() == declared:
+            self._log.warning("generation_released", generation=generation, declared=declared)
+
+    def _fence(self, slot: int, incarnation: int, reason: str, term: int) -> bool:
+        """Ask the slot's launcher to kill this incarnation (once; True when this call did). The term lets the
+        launcher ignore a fence of a leader deposed before it could see the kill through."""
         if (slot, incarnation) in self.fenced:
-            return
+            return False
         self._store.set(keys.fence(slot), f"{term}:{incarnation}")
         # One entry per slot: a fence of an older incarnation is answered (that process is gone) and never asked
         # about again, so a long-lived leader's memory does not grow with the fences of a long job.
         self.fenced = {key: at for key, at in self.fenced.items() if key[0] != slot}
         self.fenced[(slot, incarnation)] = time.monotonic()
         self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
+        return True
 
     def unanswered_fences(self, facts: dict[int, SlotFacts], now: float) -> set[int]:
         """Slots this leader fenced less than FENCE_ANSWER_S ago whose launcher's answer these facts do not show yet
@@ -129,16 +143,32 @@ class Judge:
         due = [at + FENCE_ANSWER_S - now for at in self.fenced.values() if at + FENCE_ANSWER_S > now]
         return max(0.01, min(due)) if due else math.inf
 
-    def fence_hung_outsiders(self, running: GenerationRecord | None, facts: dict[int, SlotFacts], term: int) -> None:
+    def fence_hung_outsiders(self, running: GenerationRecord | None, facts: dict[int, SlotFacts], term: int,
+                             current: int = 0) -> None:
         """A process that hung while it was in no running generation (`running`: None when none runs) is judged by
         no interrupt: one joining, a hot spare, or a member of a generation that ended for another cause. Fence it
         too, so its launcher replaces it and its capacity is not lost for good. A member of the ended generation was
         fenced only once a generation had been decided without it: a paused leader and a killed member at once left
-        no member alive, so the new leader waited join_timeout for the job's target size, then grew it back."""
+        no member alive, so the new leader waited join_timeout for the job's target size, then grew it back.
+
+        A member of a recent generation (`current` and the few before it) is declared dead to that generation's
+        members too (keys.released): one of them may be blocked in a collective with it, with no launcher left to
+        close its connections (its node stopped answering as another reason ended the generation), and would wait
+        for pg_timeout (ftcoord.release)."""
         members = set(running.members) if running is not None else set()
         for slot, fact in facts.items():
             if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):
-                self._fence(slot, fact.incarnation, HEARTBEAT_STALE, term)
+                if self._fence(slot, fact.incarnation, HEARTBEAT_STALE, term):
+                    self._release_last_generation_of(slot, fact.incarnation, current)
+
+    def _release_last_generation_of(self, slot: int, incarnation: int, current: int) -> None:
+        """_release_peers for the newest of the last RELEASE_LOOKBACK generations that lists this incarnation (a fence
+        is rare: its records are read from the store)."""
+        for generation in range(current, max(0, current - RELEASE_LOOKBACK), -1):
+            record = read_record(self._store, generation)
+            if record is not None and record.rank_of(slot, incarnation) is not None:
+                self._release_peers(generation, f"{HEARTBEAT_STALE}:slot={slot}")
+                return
 
     def fence_stuck_outsiders(self, record: GenerationRecord, facts: dict[int, SlotFacts], read_at: float,
                               next_generation: int, term: int) -> None:

@@ -110,6 +110,13 @@ def interrupt(generation: int) -> str:
     return f"gen/{generation}/interrupt"
 
 
+def released(generation: int) -> str:
+    """Set once ("<reason>:slot=<member>", first wins) when the leader declares a member of this generation dead after
+    another reason had ended it: a member still blocked in one of its collectives shuts its group down
+    (ftcoord.release); none is written when the death itself ended the generation (its interrupt says so)."""
+    return f"gen/{generation}/released"
+
+
 def finished(generation: int) -> str:
     """Counter of members whose function returned in this generation."""
     return f"gen/{generation}/finished"

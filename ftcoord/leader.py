@@ -269,7 +269,7 @@ class LeaderDuty:
         # Once the generation ended (for any cause), its silent members are outsiders too: fenced now, so that their
         # launchers' replacements are awaited, not decided without and grown back after join_timeout.
         running = record if record is not None and record.failed is None and self._interrupted != current else None
-        self._judge.fence_hung_outsiders(running, facts, self._term)
+        self._judge.fence_hung_outsiders(running, facts, self._term, current)
 
         generation = next_generation(self._store, current)
         if running is not None:

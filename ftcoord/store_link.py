@@ -492,6 +492,8 @@ class LinkedStore:
                 if pinned is not None and link.instance_number != pinned:
                     raise StoreRestarted(f"the store restarted (instance {link.instance}) since this write was "
                                          f"decided")
+                if self._closed:  # closed while the connection was made: close() may not have seen it
+                    raise ClientClosed(f"this client of the store at {link.address} was closed")
             token = link._watch_call(link.op_timeout + wait_s, connection.sockets, {})
             try:
                 return op(connection.view)

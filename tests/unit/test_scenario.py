@@ -73,6 +73,10 @@ def test_random_faults_plan_one_fault_per_rank_and_step() -> None:
          "declare \\[job\\] nodes"),
         ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0], [1]]\n[[faults]]\nkind = "partition"\n'
          'slot = 1\nstep = 1\nduration = 1.5\n', r"a partition of duration = 1.5s is ridden through"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "kill"\nstep = 1\nafter = -1\n',
+         r"after = -1: give the seconds after its step \(0 or more\)"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "raise"\nstep = 1\nafter = 0.5\n',
+         r"a raise fires inside its rank's step, not 0.5s after it; after works with \['kill'"),
         ('name = "x"\n' + GOOD_JOB, "'description' must be a non-empty string"),
         ('name = "x\n', "not valid TOML"),
         ('name = "x"\ndescription = "d"\n[job]\nmodel = "gpt"\n', "model = 'gpt': choose one of"),
