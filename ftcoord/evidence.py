@@ -17,7 +17,8 @@ and the job grows back.
 
 A node that stops answering without its connections closing (power or network lost: a partition) leaves no such
 evidence: its silence is, after heartbeat_timeout, and the members blocked in a collective with it are released then,
-by the interrupt that declares it dead (ftcoord.release), not by gloo's pg_timeout.
+by the interrupt that declares it dead, or by the leader's declaration to the generation when another reason had
+ended it first (ftcoord.release), not by gloo's pg_timeout.
 
 Members publish the local addresses of their group's connections when the group forms, so a
 report names the member it saw close (for the log and the operator); a member that leaves a
