@@ -16,10 +16,15 @@ read from the run's own ledger after the moment the fault was injected:
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
 | slow                                              | nothing (it must not be taken for a death)        |
 | store-restart, store-hang                         | steps are committed while the store is away       |
+|   (the job standing still behind an earlier fault) | the job trains on: a step is committed after it   |
 
 A pause may be shorter than the heartbeat timeout (ridden through: nobody restarts) or longer (the
 paused member is fenced and replaced, a paused spare is simply late): either way the job must commit
 steps after it, and the verdict holds it to exactly-once and the model check as always.
+
+A store fault that comes while the job stands still behind an earlier fault (its members blocked on a node that stopped
+answering, say: no step is committed between that fault and this one) cannot show training through the outage; it is
+held to the job training on after it.
 
 A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
 launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r.
@@ -71,6 +76,8 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
             problems.append(f"planned fault {name} did not reach a live process: {event.get('note') or 'no target'}")
             continue
         effect = EFFECTS[planned.kind]
+        if effect == TRAINS_THROUGH and _standing_still(event, events, records):
+            effect = TRAINS_ON
         if event.get("member") is False and effect != TRAINS_ON:
             effect = SPARE_REPLACED
         if effect == SPARE_REPLACED:
@@ -80,6 +87,17 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
         elif not _had_effect(effect, event, records, scenario.job.nproc, planned.duration):
             problems.append(f"planned fault {name} had no effect: expected {effect} after it")
     return problems
+
+
+def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:
+    """The job stood still when `event` fired: an earlier fault that fired had no step committed after it yet."""
+    at = event["mono"]
+    for earlier in events:
+        if earlier is event or not earlier.get("fired", True) or not earlier["mono"] < at:
+            continue
+        if not any(r["kind"] == "step" and earlier["mono"] < r["mono"] < at for r in records):
+            return True
+    return False
 
 
 def _ended_first(index: int, scenario: Scenario, events: list[dict[str, Any]]) -> str:

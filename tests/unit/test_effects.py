@@ -60,3 +60,18 @@ def test_a_fault_whose_step_another_fault_ended_first_says_so() -> None:
         "planned fault kill-midstep at step 20 (rank 3) never fired: raise at the same step and target fired first "
         "and ended that step there, and a step its peers committed is not run again (plan one in-rank fault per "
         "target and step)")
+
+
+def test_a_store_fault_while_the_job_stands_still_is_held_to_training_on() -> None:
+    """A store restart 0.5 s after a node stopped answering (mixed schedule S3): the members stood in a collective with
+    the silent node, so no step could be committed while the store was away. The run trained on after both: no
+    problem. Alone, the same store fault is still held to steps committed while the store is away."""
+    scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
+                                      'kind = "store-restart"\nstep = 20\nduration = 1.0'))
+    partition = {"index": 1, "kind": "kill", "mono": 30.5}  # stands for the fault the job stood still behind
+    store = {"index": 0, "kind": "store-restart", "mono": 31.0}
+    still = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 10, "generation": 2} for r in steps(4, 31, 39)]
+    assert fault_problems(scenario, [partition, store], still, []) == []
+    alone = fault_problems(scenario, [store, {**partition, "mono": 35.5}], still, [])
+    assert alone == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
+                     "while the store is away (the step path needs no store) after it"]
