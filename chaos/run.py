@@ -144,7 +144,8 @@ class ChaosRunner:
                     launchers.start_all()
                     self.log.info("job_relaunched")
                 display.update(tail, len(self.events))
-                if not launchers.running() and self._relaunch_at is None and not self._pending_heals:
+                healing = any(launchers.nodes[index].partitioned for _, index in self._pending_heals)
+                if not launchers.running() and self._relaunch_at is None and not healing:
                     # (a partitioned node that heals later runs on then: its launcher finds the job's end and exits)
                     codes.append(launchers.exit_codes())
                     break
