@@ -93,7 +93,7 @@ def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records
     """The job stood still when `event` fired: an earlier fault that fired had no step committed after it yet."""
     at = event["mono"]
     for earlier in events:
-        if earlier is event or not earlier.get("fired", True) or not earlier["mono"] < at:
+        if not earlier.get("fired", True) or not earlier["mono"] < at:  # (`event` itself is not earlier)
             continue
         if not any(r["kind"] == "step" and earlier["mono"] < r["mono"] < at for r in records):
             return True

@@ -144,7 +144,7 @@ class Judge:
         return max(0.01, min(due)) if due else math.inf
 
     def fence_hung_outsiders(self, running: GenerationRecord | None, facts: dict[int, SlotFacts], term: int,
-                             current: int = 0) -> None:
+                             current: int) -> None:
         """A process that hung while it was in no running generation (`running`: None when none runs) is judged by
         no interrupt: one joining, a hot spare, or a member of a generation that ended for another cause. Fence it
         too, so its launcher replaces it and its capacity is not lost for good. A member of the ended generation was
