@@ -11,9 +11,15 @@ So each member watches its generation for as long as its group lives (`GroupRele
 once the generation is interrupted for the death of one of its members (the interrupt's reason names it:
 `heartbeat_stale`, `hung` or `gone`, written by the leader: ftcoord.judgement), the group's sockets are shut down
 (ftcoord.group_sockets), a collective blocked on that member fails at once, and the member rejoins like any other.
-A collective cannot complete without that member anyway, so nothing that would have completed is cut. An interrupt
-for any other reason (a raise, a rejoin, a replacement or a spare to seat, a stop) cuts nothing by itself: every
-member alive finishes its step and leaves at its boundary.
+A collective cannot complete without that member anyway, so nothing that would have completed is cut. A rejoin
+(`rejoin:slot=<n>`, written by a newer incarnation of a member's slot: ftcoord.generation) names a member gone as
+surely: its incarnation in this generation died or was fenced, and a newer one registered in its place. It cuts
+too: a member blocked on a third peer that is stuck (alive, its connections open, never contributing) stood still
+behind the rejoin until that peer was fenced, progress_timeout later, or pg_timeout (a stuck rank and the leader
+killed 0.3 s later: its replacement's rejoin won the interrupt before anyone declared the death; the replacement
+trained alone from the checkpoint while three live ranks stood still to the job's end). An interrupt for any other
+reason (a raise, a spare or a newcomer to seat, a stop) cuts nothing by itself: every member alive finishes its step
+and leaves at its boundary.
 
 But the first reason wins the interrupt, and a peer may stop answering just as another reason ends the generation (a
 node lost silently while a rank raises, a replacement rejoins or the job is preempted): the leader declares it dead
@@ -42,14 +48,16 @@ from ftcoord.log import get_logger
 from ftcoord.store import wait_get
 
 _REASON = re.compile(r"^([a-z_]+):slot=(\d+)")
+_MEMBER_GONE = (*DEATH_REASONS, "rejoin")  # a rejoin: a newer incarnation of the slot took its place (docstring)
 _POLL_S = 1.0  # how often the watch looks whether its group was torn down (an interrupt wakes it at once)
 _RELEASE_SLICE_S = 30.0  # one wait on keys.released (a torn-down group cuts it at once: its client is closed)
 
 
 def dead_member(reason: str | None) -> int | None:
-    """The slot an interrupt's reason declares dead ("heartbeat_stale:slot=3"), or None for any other reason."""
+    """The slot an interrupt's reason declares dead ("heartbeat_stale:slot=3") or replaced by a newer incarnation
+    ("rejoin:slot=3"), or None for any other reason."""
     match = _REASON.match(reason or "")
-    return int(match.group(2)) if match and match.group(1) in DEATH_REASONS else None
+    return int(match.group(2)) if match and match.group(1) in _MEMBER_GONE else None
 
 
 class GroupRelease:

@@ -199,6 +199,26 @@ def test_a_node_silent_while_another_reason_ends_the_generation_releases_its_pee
     assert max(back.values()) < 4.0, back
 
 
+def test_a_member_replaced_while_its_peers_wait_on_a_stuck_rank_releases_them(tmp_path: Path) -> None:
+    """A rank's training thread stops (its heartbeat runs, its connections stay open); 0.3 s later the leader is
+    killed. Its replacement's rejoin wins the interrupt before anyone declares the death, and the two live members
+    stood in their all-reduce with the stuck rank until it was fenced as stuck (progress_timeout, 4 s here; 24 s at
+    the scenario default), while the replacement trained alone from the checkpoint: world 1, 10 steps replayed. A
+    rejoin names a member gone (its incarnation was replaced): their groups are cut at once, the three rejoin, the
+    stuck rank is left out at the last call and replaced once fenced. (Should the leader itself be the rank that
+    stops, its kill closes the connections: nobody is blocked, and the run passes the same checks.)"""
+    scenario = tmp_path / "stuck-then-leader.toml"
+    scenario.write_text(
+        'name = "stuck-then-leader"\ndescription = "a rank stuck, then the leader killed"\n[job]\nnproc = 4\n'
+        'steps = 200\nglobal_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\nckpt_strategy = "blocking"\n'
+        'ckpt_every = 20\nprogress_timeout = 4.0\n'
+        '[[faults]]\nkind = "stuck"\nrank = 3\nstep = 30\n'
+        '[[faults]]\nkind = "kill-leader"\nstep = 30\nafter = 0.3\n')
+    report = run(str(scenario), tmp_path)
+    assert min(report["world_sizes"]) >= 3 and report["replayed_steps"] == 0, report
+    assert all(f["full_recover_s"] is not None for f in report["faults"]), report["faults"]
+
+
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:
     """The lost node's ranks are left out on evidence, long before their heartbeat timeout (6 s here); then the
     leader dies. Its successor saw none of that evidence and waited for the lost ranks until their heartbeats went

@@ -29,7 +29,8 @@ def test_dead_member_is_read_from_the_reasons_a_leader_writes_for_a_death() -> N
     assert dead_member("heartbeat_stale:slot=3") == 3
     assert dead_member("hung:slot=12") == 12
     assert dead_member("gone:slot=0") == 0
-    for other in ("exception:slot=3:RuntimeError:closed=2", "rejoin:slot=3", "grow:slot=3", "stop:slot=1",
+    assert dead_member("rejoin:slot=3") == 3  # a newer incarnation of slot 3 took the member's place
+    for other in ("exception:slot=3:RuntimeError:closed=2", "grow:slot=3", "stop:slot=1",
                   "closed:probe", "fatal", "superseded", "", None):
         assert dead_member(other) is None, other
 
@@ -81,11 +82,27 @@ def test_a_member_declared_dead_releases_a_collective_blocked_on_it() -> None:
         assert release.join(5.0) and release.released == 1  # counted once the shutdown returned (after the release)
 
 
-@pytest.mark.parametrize("reason", ["grow:slot=3", "exception:slot=1:RuntimeError", "heartbeat_stale:slot=0",
-                                    "heartbeat_stale:slot=7"])
+def test_a_member_replaced_releases_a_collective_blocked_on_a_third_peer() -> None:
+    """A stuck rank (alive, its connections open, never contributing) and the leader killed 0.3 s later: the
+    leader's replacement rejoined and won the interrupt before anyone declared the death, and the members blocked
+    on the stuck rank stood still until it was fenced (progress_timeout) or pg_timeout, while the replacement trained
+    alone. The replaced member's incarnation is gone: no collective of the generation can complete, so the group is
+    cut. Sabotage: with a rejoin not read as a member gone, the receive stays blocked."""
+    with blocked_receiver() as (record, returned, thread):
+        interrupt = Interrupt()
+        release = GroupRelease(0, 5, (0, 1, 2), record, interrupt.fired.wait, lambda: interrupt.reason).start()
+        interrupt.set("rejoin:slot=2")  # the blocked receive waits on slot 1 (stuck); slot 2 was replaced
+        assert returned.wait(5.0), "a collective of a generation whose member was replaced was not released"
+        assert release.join(5.0) and release.released == 1
+
+
+@pytest.mark.parametrize("reason", ["grow:slot=3", "exception:slot=1:RuntimeError", "stop:slot=2",
+                                    "heartbeat_stale:slot=0", "heartbeat_stale:slot=7", "rejoin:slot=0",
+                                    "rejoin:slot=7"])
 def test_other_interrupts_cut_nothing(reason: str) -> None:
-    """A grow, a raise (its sockets close by themselves), this process declared dead itself (its launcher kills it),
-    a slot not in the generation: every member it waits on is alive, it finishes its step and leaves at its boundary."""
+    """A grow, a raise (its sockets close by themselves), a stop, this process declared dead or replaced itself (its
+    launcher kills it; it is a ghost and exits), a slot not in the generation: every member it waits on is alive, it
+    finishes its step and leaves at its boundary."""
     with blocked_receiver() as (record, returned, thread):
         interrupt = Interrupt()
         release = GroupRelease(0, 5, (0, 1, 2), record, interrupt.fired.wait, lambda: interrupt.reason).start()
@@ -117,15 +134,16 @@ def job_link(store_server: StoreServer, job_id: str) -> Iterator[StoreLink]:
 
 def test_a_death_declared_after_another_reason_releases_a_collective_blocked_on_it(store_server: StoreServer,
                                                                                   job_id: str) -> None:
-    """A replacement's rejoin won the interrupt while a peer stopped answering (partition, then kill): the leader
-    fences the silent peer a heartbeat timeout later and declares it to the generation (keys.released); the member
-    still blocked waits there, on a client it opens once its group outlived the interrupt by grace_s. Sabotage:
-    without that wait, or with the key not read as a death, the receive stays blocked (until pg_timeout in a job)."""
+    """A newcomer's grow won the interrupt while a peer stopped answering (a node partitioned as a replacement node
+    comes up): the leader fences the silent peer a heartbeat timeout later and declares it to the generation
+    (keys.released); the member still blocked waits there, on a client it opens once its group outlived the interrupt
+    by grace_s. Sabotage: without that wait, or with the key not read as a death, the receive stays blocked (until
+    pg_timeout in a job)."""
     with blocked_receiver() as (record, returned, thread), job_link(store_server, job_id) as link:
         interrupt = Interrupt()
         release = GroupRelease(0, 5, (0, 1, 2), record, interrupt.fired.wait, lambda: interrupt.reason,
                                link.client, grace_s=0.1).start()
-        interrupt.set("rejoin:slot=1")
+        interrupt.set("grow:slot=3")
         assert not returned.wait(0.5), "another reason's interrupt cut the group"
         leader = link.client()
         leader.compare_set(keys.released(5), "", "heartbeat_stale:slot=2")
