@@ -26,12 +26,11 @@ import torch.distributed as dist
 
 from ftcoord import env, keys, launcher_report, rebuild, scratch
 from ftcoord.children_env import children_env
-from ftcoord.decisions import LeaderClaim
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
+from ftcoord.fence_watch import FenceWatch
 from ftcoord.heartbeat import mark_dead
 from ftcoord.job_end import JobEndWatch
 from ftcoord.job_restarts import JobRestarts
-from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
 from ftcoord.process_state import stopped
@@ -97,7 +96,7 @@ class Supervisor:
             self._use_standby = False  # the whole-job restart baseline starts every process afresh
             self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.job_restarts)
         self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
-        self._fences_due = 0.0
+        self._fences = FenceWatch(self.store, self._log)
         self._job_end = JobEndWatch(self.config.grace_s, get_or_none(self.store, keys.STOPPED))
         self._env = children_env(self.config.nproc)
         if "OMP_NUM_THREADS" not in os.environ:
@@ -381,37 +380,21 @@ class Supervisor:
                     mark_dead(self.store, slot.slot, slot.incarnation)
                 slot.process = None
 
-    def _fence(self, now: float) -> None:
-        """Kill the processes the leader declared dead, at once.
+    def _fence(self, now: float, replacing: bool = True) -> None:
+        """Kill the processes the leader declared dead, at once (ftcoord.fence_watch); `replacing`: say a
+        replacement is on its way (not while this launcher stops).
 
         Even inside `call.atomic()` (a checkpoint commit): a commit is crash-safe by construction
         (a kill mid-write leaves a temp directory, never a torn checkpoint), so waiting would only
         turn a hang into a longer stall for every peer.
         """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
-        if not running or now < self._fences_due:
-            return
-        # Read every FENCE_POLL_S, not every tick: a fence follows a heartbeat timeout of silence at the soonest,
-        # and a thousand launchers polling every 20 ms would load the store more than all their ranks.
-        self._fences_due = now + FENCE_POLL_S
-        values = self.store.multi_get([keys.fence(s.slot) for s in running])
-        term: int | None = None
-        for slot, value in zip(running, values, strict=True):
-            fenced_term, _, incarnation = value.decode().rpartition(":")
-            if int(incarnation or 0) < slot.incarnation or slot.fence_killed or value == slot.fence_ignored:
-                continue
-            # A fence of a leader deposed since (it paused after its judgement, say) is not carried out:
-            # the leader of the newest term judges again.
-            term = term if term is not None else LeaderClaim.parse(get_or_none(self.store, keys.LEADER) or b"0").term
-            if int(fenced_term or 0) < term:
-                self._log.warning("fence_ignored", slot=slot.slot, incarnation=slot.incarnation,
-                                  fence_term=int(fenced_term or 0), leader_term=term)
-                slot.fence_ignored = value  # said once; a newer leader's fence for it is carried out
-                continue
+        for slot in self._fences.fenced(running, now):
             assert slot.process is not None
             self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,
                               incarnation=slot.incarnation)
-            self._replacement_coming(slot, read_int(self.store, keys.incarnation(slot.slot)))
+            if replacing:
+                self._replacement_coming(slot, read_int(self.store, keys.incarnation(slot.slot)))
             slot.process.kill()
             slot.fence_killed = True
 
@@ -451,9 +434,10 @@ class Supervisor:
         alive = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not alive:
             codes = [s.process.returncode for s in self.slots.values() if s.process is not None]
-            clean = all(c == 0 for c in codes)
+            clean = all(s.process.returncode == 0 or s.fence_killed for s in self.slots.values() if s.process)
             self._log.info("launcher_stopped", clean=clean, codes=codes)
             return EXIT_OK if clean else EXIT_TERMINATED
+        self._fence_while_stopping(now)
         if now - self.terminating_since > self.config.grace_s:
             for slot in alive:
                 assert slot.process is not None
@@ -462,3 +446,18 @@ class Supervisor:
                 wait_killed(slot.process)
             return EXIT_TERMINATED
         return None
+
+    def _fence_while_stopping(self, now: float) -> None:
+        """A child the leader fences while this launcher stops (it hung as a preemption came) is killed at once, as at
+        any other time, with no replacement announced; it counts as a clean end (the leader left it out, and its
+        peers stopped without it). It held the stop until it woke, or for grace_s (30 s) if it never did, and the
+        relaunch waits for every launcher: a rank SIGSTOPped 1 s before a preemption, its peers stopped 2.4 s later
+        and the launcher waited 2.3 s more for the hung rank to wake (chaos schedule M3). A store away while stopping
+        is not waited for: the grace period ends the stop anyway."""
+        link = getattr(self.store, "link", None)
+        if link is not None and (link.down or link.lost is not None):
+            return
+        try:
+            self._fence(now, replacing=False)
+        except Exception as exc:  # noqa: BLE001 - the store went away meanwhile: as above
+            self._log.warning("fences_unread_while_stopping", error=str(exc))

@@ -450,6 +450,35 @@ def test_sigterm_to_the_launcher_stops_every_rank_through_should_stop(
     assert [e["result"] for e in run.events("exit")] == ["stopped", "stopped"]
 
 
+def test_a_rank_hung_as_the_launcher_stops_is_fenced_and_killed_not_waited_for(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """A rank SIGSTOPped (never continued), then SIGTERM to the launcher: the others stand in a collective with it
+    until the leader fences it (heartbeat_timeout), then stop. The stopping launcher ignored the fence and waited for
+    the hung rank for its grace period (30 s), then killed it and exited 143; it now kills it once fenced, as at any
+    other time, and exits 0: the job stopped cleanly, and a relaunch resumes it."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "100000", "--heartbeat-timeout", "1.0",
+                  "--pg-timeout", "60", nproc=3)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        victim = run.pid_of(2)
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(0.3)  # the stop comes while the others stand in a collective with the hung rank
+        terminated_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code, out = finish(proc, 60)
+        took = time.monotonic() - terminated_at
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    assert code == 0, out[-3000:]
+    assert took < 15, f"the launcher stopped {took:.1f} s after SIGTERM: it waited for the hung rank"
+    assert [e["pid"] for e in run.logs("rank_fenced_killed")] == [victim]
+    assert {e["slot"] for e in run.events("exit") if e["result"] == "stopped"} == {0, 1}
+
+
 def test_job_restart_policy_restarts_every_process(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--exit-at", "1:20", nproc=2,
                   launcher_args=("--restart-policy", "job"))
