@@ -433,8 +433,9 @@ class Supervisor:
         assert self.terminating_since is not None
         alive = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not alive:
-            codes = [s.process.returncode for s in self.slots.values() if s.process is not None]
-            clean = all(s.process.returncode == 0 or s.fence_killed for s in self.slots.values() if s.process)
+            ended = [(s.process.returncode, s.fence_killed) for s in self.slots.values() if s.process is not None]
+            codes = [code for code, _ in ended]
+            clean = all(code == 0 or fence_killed for code, fence_killed in ended)  # fenced: see below
             self._log.info("launcher_stopped", clean=clean, codes=codes)
             return EXIT_OK if clean else EXIT_TERMINATED
         self._fence_while_stopping(now)
