@@ -22,7 +22,7 @@ reason (a raise, a spare or a newcomer to seat, a stop) cuts nothing by itself: 
 and leaves at its boundary.
 
 But the first reason wins the interrupt, and a peer may stop answering just as another reason ends the generation (a
-node lost silently while a rank raises, a replacement rejoins or the job is preempted): the leader declares it dead
+node lost silently while a rank raises, a newcomer asks in or the job is preempted): the leader declares it dead
 a heartbeat_timeout later, when its interrupt is taken. A member blocked behind such a peer stood still until
 pg_timeout (a stuck peer with a launcher is killed by it after its fence, which closes its connections; a silent
 node has none). So the leader then writes the death where the generation's members can wait for it

@@ -174,12 +174,13 @@ def test_partition(tmp_path: Path) -> None:
 
 def test_a_node_silent_while_another_reason_ends_the_generation_releases_its_peers(tmp_path: Path) -> None:
     """A node stops answering; half a second later, while the others stand in a collective with it, a rank elsewhere
-    is killed and its replacement's rejoin ends the generation: not a death, so nobody's group was cut, and the
-    members blocked behind the silent node stood still until it came back (8.1 s for a node back after 8 s;
-    pg_timeout, 60 s, for one that never is). The leader now declares the silent ranks dead to that generation when
-    it fences them (keys.released), a heartbeat timeout (2 s) after they fell silent, and the blocked members' groups
-    go down then. The node comes back after the job's end: the run waits for it, and its launcher finds the job
-    done."""
+    is killed and its replacement's rejoin ends the generation. A rejoin was not read as a death, so nobody's group
+    was cut, and the members blocked behind the silent node stood still until it came back (8.1 s for a node back
+    after 8 s; pg_timeout, 60 s, for one that never is). The leader then came to declare the silent ranks dead to
+    that generation when it fences them (keys.released, a heartbeat timeout after they fell silent: still how a
+    stop, a raise or a newcomer's interrupt releases them; tests/unit/test_release.py); a rejoin now names a member
+    gone and cuts at once. Either way the untouched members are back within 4 s of the partition. The node comes
+    back after the job's end: the run waits for it, and its launcher finds the job done."""
     scenario = tmp_path / "partition-then-kill.toml"
     scenario.write_text(
         'name = "partition-then-kill"\ndescription = "a node silent, then a kill elsewhere"\n[job]\nnproc = 6\n'
