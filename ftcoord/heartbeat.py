@@ -222,11 +222,13 @@ class LivenessObserver:
         self._clock = clock
         self._born = clock()
         self._seen: dict[str, tuple[object, float, float]] = {}  # value, first seen at, last read at
+        self._changed_at: dict[str, float] = {}  # the read that showed a new value (not the first one observed)
 
     def reset(self) -> None:
         """Forget everything (after this observer itself was paused, e.g. SIGSTOPped)."""
         self._born = self._clock()
         self._seen.clear()
+        self._changed_at.clear()
 
     def observe(self, name: str, value: object, at: float | None = None) -> None:
         """Feed the latest value of a counter (any value compared with `!=`), read at `at` (this observer's
@@ -235,12 +237,15 @@ class LivenessObserver:
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
             self._seen[name] = (value, now, now)
+            if previous is not None:
+                self._changed_at[name] = now
         else:
             self._seen[name] = (value, previous[1], now)
 
     def forget(self, name: str) -> None:
         """Stop watching one counter: its silence is measured afresh from its next observation."""
         self._seen.pop(name, None)
+        self._changed_at.pop(name, None)
 
     def silent_for(self, name: str) -> float:
         """Seconds the counter was observed unchanged: from the read that first showed its value (or this
@@ -256,6 +261,12 @@ class LivenessObserver:
         previous = self._seen.get(name)
         return (self._born <= moment and previous is not None and previous[1] <= moment
                 and previous[2] >= until)
+
+    def changed_after(self, name: str, moment: float) -> bool:
+        """A read after `moment` (this observer's clock) showed the counter changed from the value read before it (as
+        a process that beats after `moment` does; the first value this observer read is no change: a leader that
+        took over a moment ago took a dead process's last beat for one)."""
+        return self._changed_at.get(name, -math.inf) > moment
 
     def never_changed(self, name: str) -> bool:
         """The counter has shown one value since this observer was born (its silence is a lower bound)."""

@@ -49,6 +49,7 @@ class Proposer:
             return Proposal(ready, None)
         if not fresh and any(j.slot not in facts or j.incarnation > facts[j.slot].incarnation for j in joins):
             return Proposal(ready, None)
+        live = [j for j in live if j.slot not in ready.not_live]
         decision = choose_members(live, self.policy)
         if decision is None:
             if now - clock.first_seen < self.timing.barrier_timeout:

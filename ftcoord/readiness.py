@@ -6,7 +6,8 @@ Recovery at the speed of evidence, not of timeouts:
   that closed under the generation's collectives while it neither rejoined, announced leaving nor
   answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence); the
   record carries such members as left out, so a leader that takes over does not wait for their heartbeat timeout;
-  silence for heartbeat_timeout is the last resort;
+  a hot spare on the same node as members gone so (their node is lost) must beat after the leader's question to be
+  seated (Judge.outsiders_in_doubt); silence for heartbeat_timeout is the last resort;
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
   (one generation change, the world size kept, however slow a cold start); a process that is alive
   but slow to join, up to join_timeout after the last arrival; then a partial quorum. Once: a process left out so
@@ -52,6 +53,9 @@ class Readiness:
     """Members of the previous generation not awaited on the evidence of a closed connection, though alive by their
     heartbeats (not yet heartbeat_timeout old): a decision now leaves them out too, and its record says so, so that
     a next leader, which saw none of the evidence, does not wait for them either (`still_left_out`)."""
+    not_live: frozenset[int] = frozenset()
+    """Joiners from outside the previous generation (hot spares) gone with a node lost under it: not seated
+    (Judge.outsiders_in_doubt)."""
 
 
 def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFacts], clock: OpenClock, now: float,
@@ -65,6 +69,14 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     joined_slots = {j.slot for j in live}
     # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
     gone = judge.gone_by_evidence(previous, joined_slots)
+    # A hot spare on the node of members gone so (no launcher said so: the node is lost) is awaited until it proves
+    # alive, or is gone with them.
+    lost = {s for s in gone if s in facts and not facts[s].is_gone()}
+    outsiders = joined_slots - set(previous.members) if previous is not None else set()
+    doubted: set[int] = set()
+    not_live: set[int] = set()
+    if lost and outsiders and previous is not None:
+        doubted, not_live = judge.outsiders_in_doubt(previous, lost, outsiders, facts)
     left_out = left_out_by(previous)
     expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone and left_out.get(s) != f.incarnation}
     on_its_way: set[int] = set()
@@ -79,7 +91,7 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     # alive) waits for its target size of workers (a spare is seated only at last call, when
     # a worker is still missing); a running job re-forms with whoever is alive.
     workers = sum(1 for j in live if j.slot < SPARE_SLOT_BASE)
-    everyone = expected <= joined_slots and (running or workers >= policy.target_world_size)
+    everyone = expected <= joined_slots and (running or workers >= policy.target_world_size) and not doubted
     # Last call: join_timeout after the last arrival for processes that are alive but slow to
     # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
     # node) is waited for up to barrier_timeout.
@@ -88,9 +100,10 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
         last_call = now - clock.first_seen >= timing.barrier_timeout
     else:
         last_call = now - clock.last_change >= timing.join_timeout
-    return Readiness(decide=everyone or last_call, everyone=everyone, expecting=announced + max(1, len(missing)),
-                     missing=frozenset(missing),
-                     gone=frozenset(s for s in gone if s in facts and judge.alive(facts[s])))  # none joined
+    return Readiness(decide=(everyone or last_call) and not doubted, everyone=everyone,
+                     expecting=announced + max(1, len(missing)), missing=frozenset(missing),
+                     gone=frozenset(s for s in gone if s in facts and judge.alive(facts[s])),  # none joined
+                     not_live=frozenset(not_live))
 
 
 def left_out_by(record: GenerationRecord | None) -> dict[int, int]:

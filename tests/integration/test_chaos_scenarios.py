@@ -220,6 +220,21 @@ def test_a_member_replaced_while_its_peers_wait_on_a_stuck_rank_releases_them(tm
     assert all(f["full_recover_s"] is not None for f in report["faults"]), report["faults"]
 
 
+def test_a_node_lost_with_the_hot_spare_on_it_costs_no_heartbeat_timeout(tmp_path: Path) -> None:
+    """The node that runs the job's hot spare is lost (its launcher, two ranks and the spare SIGKILLed). The lost
+    ranks are gone by their peers' closed connections; the spare's announcement stood and its heartbeat was not
+    stale, so the leader seated it and the generation could not form until its heartbeat timed out (2.1-2.7 s at
+    the scenario timing, 5 s at the defaults). A spare on the lost ranks' node must now beat after the leader's
+    question to be seated: it does not, and the survivors go on alone within evidence_silence."""
+    scenario = tmp_path / "lose-spare-node.toml"
+    scenario.write_text(
+        'name = "lose-spare-node"\ndescription = "the node with the hot spare lost"\n[job]\nnproc = 4\nsteps = 100\n'
+        'global_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\nckpt_strategy = "none"\n'
+        'nodes = [[0, 1], [2, 3]]\nspares = 1\n[[faults]]\nkind = "lose"\nslot = 0\nstep = 30\n')
+    report = run(str(scenario), tmp_path)
+    assert report["world_sizes"] == [2, 4] and report["faults"][0]["recover_s"] < 1.0, report["faults"]
+
+
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:
     """The lost node's ranks are left out on evidence, long before their heartbeat timeout (6 s here); then the
     leader dies. Its successor saw none of that evidence and waited for the lost ranks until their heartbeats went

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from dataclasses import replace
 
 from ftcoord import StoreServer, connect, job_store, keys
@@ -10,7 +12,8 @@ from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
 from ftcoord.judgement import FENCE_ANSWER_S, Judge
 from ftcoord.log import get_logger
-from ftcoord.readiness import OpenClock, left_out_by, readiness, still_left_out
+from ftcoord.proposal import Proposer
+from ftcoord.readiness import OpenClock, Readiness, left_out_by, readiness, still_left_out
 from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slots import SlotFacts
 
@@ -160,3 +163,76 @@ def test_members_gone_by_evidence_are_not_awaited_by_the_next_leader(store_serve
     rejoined = replace(record, generation=9, members=(0, 2, 3), incarnations=(2, 3, 2),
                        considered=((0, 2), (2, 3), (3, 2)))
     assert still_left_out(rejoined, ready.missing | ready.gone, facts, record) == {1: 2}
+
+
+def _launched(store: object, slot: int, launcher_pid: int) -> None:
+    """What a launcher reports when it starts a slot's process (ftcoord.launcher_report): the node it runs on."""
+    store.set(keys.launcher(slot), json.dumps({"host": "node", "launcher_pid": launcher_pid}))  # type: ignore[attr-defined]
+
+
+def test_a_hot_spare_on_a_lost_node_is_not_seated_until_it_proves_alive(store_server: StoreServer,
+                                                                          job_id: str) -> None:
+    """A node is lost with its launcher, two members and the job's hot spare on it. The members are gone by the
+    evidence of their peers' closed connections; the spare's announcement stands and its heartbeat is not
+    heartbeat_timeout old, so it was seated, and the generation could not form until it was (chaos: 2.1 s at the
+    scenario timing, 5 s at the defaults). A spare on the lost members' node is now awaited until it beats after the
+    leader's question, or is gone with them after evidence_silence; one on another node is seated at once.
+    Sabotage: without the doubt, the first decision below is made at once, with the dead spare."""
+    timing, clock = Timing(), Clock()
+    clock.now = time.monotonic() - 1.0  # the leader's question is timed on the real clock (ftcoord.evidence.Probe)
+    store = job_store(connect(store_server.address), job_id)
+    judge = Judge(store, timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    spare, far_spare = 100000, 100002
+    for slot, launcher_pid in ((0, 11), (1, 11), (spare, 11), (2, 22), (3, 22), (far_spare, 22)):
+        _launched(store, slot, launcher_pid)
+    old = GenerationRecord(generation=7, members=(0, 1, 2, 3), incarnations=(2, 2, 2, 2), leader=2, leader_term=1,
+                           target_world_size=4)
+    slots = (0, 1, 2, 3, spare, far_spare)
+    judge.observe({s: _facts(s, beat=10) for s in slots}, read_at=clock.now)
+    # Node 11 lost: its members silent since, its spare beat once more just before; node 22's beat.
+    clock.now += timing.evidence_silence + 0.1
+    facts = {s: _facts(s, beat=10 if s in (0, 1) else 11 if s == spare else 14) for s in slots}
+    judge.observe(facts, read_at=clock.now)
+    store.append(keys.evidence(7), "closed 0 2\n")
+
+    def ready(joiners: tuple[int, ...], facts: dict[int, SlotFacts]) -> Readiness:
+        """The readiness of a job whose slots are the old members and these joiners (one spare or the other)."""
+        live = [JoinRequest(8, s, 2, 70) for s in joiners]
+        facts = {s: f for s, f in facts.items() if s in old.members or s in joiners}
+        return readiness(live, len(live), facts, OpenClock(clock.now, clock.now), clock.now, judge, old, True,
+                         QuorumPolicy(4), timing)
+
+    first = ready((2, 3, spare), facts)
+    assert first.gone == {0, 1}, first
+    assert not first.decide, "a hot spare on the lost node was seated before it proved alive"
+    assert ready((2, 3, far_spare), facts).decide, "a hot spare on another node was not seated at once"
+    # Still silent evidence_silence later: gone with its node, not seated.
+    clock.now += timing.evidence_silence
+    judge.observe(facts, read_at=clock.now)
+    later = ready((2, 3, spare), facts)
+    assert later.decide and later.not_live == {spare}, later
+    near = {s: f for s, f in facts.items() if s != far_spare}
+    proposal = Proposer(2, 1, QuorumPolicy(4), timing).propose(
+        8, [JoinRequest(8, s, 2, 70) for s in (2, 3, spare)], 3, near, clock.now, OpenClock(clock.now, clock.now),
+        clock.now, judge, old, True)
+    assert proposal.record is not None and proposal.record.members == (2, 3), proposal.record
+    # One that beats after the question is alive after all: seated.
+    beating = {**facts, spare: _facts(spare, beat=12)}
+    clock.now = max(clock.now, time.monotonic()) + 0.01
+    judge.observe(beating, read_at=clock.now)
+    alive = ready((2, 3, spare), beating)
+    assert alive.decide and not alive.not_live, alive
+
+    # A deputy that took over from a leader lost with the node asked its question as it took over, before its first
+    # read of the spare: that first read is no beat (taken for one, the dead spare was seated: chaos, 2.4 s).
+    successor = Judge(store, timing, None, get_logger())
+    successor.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    successor.probe.ask(7)
+    judge = successor
+    clock.now = max(clock.now, time.monotonic()) + 0.01
+    judge.observe(facts, read_at=clock.now)
+    clock.now += timing.evidence_silence
+    judge.observe(facts, read_at=clock.now)
+    taken_over = ready((2, 3, spare), facts)
+    assert taken_over.decide and taken_over.not_live == {spare}, taken_over
