@@ -83,9 +83,10 @@ class Election:
         """Take the leadership from a holder that released it, or is gone (by evidence or silence). `closed_in`: a
         generation whose collective closed under this process (a hint to look at the evidence about its members)."""
         if holder.slot is not None:
-            fact = facts.get(holder.slot)
-            if fact is None or (self._judge.alive(fact, holder.incarnation)
-                                and holder.slot not in self._judge.gone_by_evidence(closed_in)):
+            fact, judge = facts.get(holder.slot), self._judge
+            if fact is None or (judge.alive(fact, holder.incarnation)
+                                and holder.slot not in judge.gone_by_evidence(closed_in)
+                                and not judge.leader_gone_with_a_node(holder.slot, holder.incarnation, closed_in)):
                 return
         mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
         won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()

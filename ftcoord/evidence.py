@@ -119,6 +119,17 @@ def read(store: dist.Store, generation: int) -> tuple[bool, set[int]]:
     return closed, leaving
 
 
+def closed_named(store: dist.Store, generation: int) -> set[int]:
+    """The members that closed-connection reports of `generation` name (a survivor may name a live peer: a hint)."""
+    raw = get_or_none(store, keys.evidence(generation))
+    named: set[int] = set()
+    for line in (raw or b"").decode().splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "closed":
+            named.update(int(m) for m in rest.partition(" ")[0].split(",") if m.isdigit())
+    return named
+
+
 class Probe:
     """A leader's question to every live member of a generation: beat now. Asked once per generation with a
     closed connection, by ending the generation (its interrupt) and setting its probe key: each member's

@@ -115,6 +115,20 @@ class Judge:
             (gone if self.observer.silent_for(name) >= self._timing.evidence_silence else awaited).add(slot)
         return awaited, gone
 
+    def leader_gone_with_a_node(self, slot: int, incarnation: int, record: GenerationRecord | None) -> bool:
+        """A leader from outside `record` (a hot spare that leads), silent for evidence_silence, on the node of a member
+        that a closed-connection report of `record` names: gone with that node (a follower watches the leader alone,
+        so gone_by_evidence, which judges members, never named it: its deputies waited for its heartbeat timeout,
+        2.1 s at the scenario timing, where a lost member leader is succeeded in 0.3 s)."""
+        if record is None or record.failed is not None or slot in record.members:
+            return False
+        if self.observer.silent_for(f"hb/{slot}") < self._timing.evidence_silence:
+            return False
+        named = evidence.closed_named(self._store, record.generation)
+        incarnations = {m: i for m, i in zip(record.members, record.incarnations, strict=True) if m in named}
+        nodes = self.nodes.of({**incarnations, slot: incarnation})
+        return slot in nodes and nodes[slot] in {nodes[m] for m in incarnations if m in nodes}
+
     def alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
         return not facts.is_gone(incarnation) and not self.observer.is_stale(f"hb/{facts.slot}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,7 @@ from ftcoord.decisions import LeaderClaim
 from ftcoord.election import Election
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
+from ftcoord.record import GenerationRecord
 from ftcoord.slots import register
 from ftcoord.store import get_or_none
 
@@ -88,3 +90,33 @@ def test_a_released_leadership_is_taken_at_once_without_waiting_for_silence(stor
     assert holder[2] == LeaderClaim(1, None, None)
     follower.try_acquire(holder[2], holder[1], None)
     assert follower.claim == LeaderClaim(2, 1, 1) and elected == [0, 1]
+
+
+@pytest.mark.parametrize("same_node", [True, False])
+def test_a_hot_spare_leader_lost_with_a_node_is_succeeded_on_the_evidence(store: dist.Store, same_node: bool) -> None:
+    """A hot spare leads (it claimed the first term) and its node is lost, with members of the running generation:
+    the survivors' collectives fail on closed connections, naming a lost member. A follower watches the leader alone,
+    and the evidence judged members only, so the spare leader was succeeded after its heartbeat timeout (2.1 s at the
+    scenario timing). Silent for evidence_silence on the node of a member named so, it is gone with that node; on
+    another node it is awaited as before (its silence alone proves nothing yet)."""
+    elected: list[int] = []
+    spare = election(store, 100000, elected)
+    spare.follow(pinned=0)  # claims the first term
+    follower = election(store, 2, elected)
+    follower.follow(pinned=0)  # learns the holder
+    read_at, facts, holder = follower.follow(pinned=0)
+    assert holder == LeaderClaim(1, 100000, 1)
+    record = GenerationRecord(generation=5, members=(0, 1, 2, 3), incarnations=(1, 1, 1, 1), leader=100000,
+                              leader_term=1, target_world_size=4)
+    store.append(keys.evidence(5), "closed 0 2\n")  # slot 2's collective closed on slot 0
+    for slot, launcher_pid in ((0, 11), (1, 11), (2, 22), (3, 22), (100000, 11 if same_node else 22)):
+        store.set(keys.launcher(slot), json.dumps({"host": "node", "launcher_pid": launcher_pid}))
+    follower.try_acquire(holder, facts, record)
+    assert follower.claim is None, "succeeded a leader that had not been silent at all"
+    judge = follower._judge
+    judge.observe(facts, read_at + Timing().evidence_silence + 0.01, replacing=False)  # nobody beat since
+    follower.try_acquire(holder, facts, record)
+    if same_node:
+        assert follower.claim == LeaderClaim(2, 2, 1) and elected == [100000, 2]
+    else:
+        assert follower.claim is None and held(store) == LeaderClaim(1, 100000, 1)
