@@ -106,28 +106,23 @@ def report_closed(store: dist.Store, generation: int, slot: int, exc: BaseExcept
     return named
 
 
+def _entries(store: dist.Store, generation: int) -> list[tuple[str, str]]:
+    """The generation's evidence, one (kind, rest) per line: ("closed", "<named members or ?> <reporter>"),
+    ("leaving", "<member>")."""
+    raw = get_or_none(store, keys.evidence(generation))
+    return [(kind, rest) for kind, _, rest in (line.partition(" ") for line in (raw or b"").decode().splitlines())]
+
+
 def read(store: dist.Store, generation: int) -> tuple[bool, set[int]]:
     """(whether a connection closed under a collective of `generation`, the members that announced leaving)."""
-    raw = get_or_none(store, keys.evidence(generation))
-    closed, leaving = False, set()
-    for line in (raw or b"").decode().splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind == "closed":
-            closed = True
-        elif kind == "leaving":
-            leaving.add(int(rest))
-    return closed, leaving
+    entries = _entries(store, generation)
+    return any(kind == "closed" for kind, _ in entries), {int(rest) for kind, rest in entries if kind == "leaving"}
 
 
 def closed_named(store: dist.Store, generation: int) -> set[int]:
     """The members that closed-connection reports of `generation` name (a survivor may name a live peer: a hint)."""
-    raw = get_or_none(store, keys.evidence(generation))
-    named: set[int] = set()
-    for line in (raw or b"").decode().splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind == "closed":
-            named.update(int(m) for m in rest.partition(" ")[0].split(",") if m.isdigit())
-    return named
+    return {int(m) for kind, rest in _entries(store, generation) if kind == "closed"
+            for m in rest.partition(" ")[0].split(",") if m.isdigit()}
 
 
 class Probe:

@@ -101,18 +101,19 @@ class Judge:
         stays silent for evidence_silence (gone with its node: decided without, like the members it ran beside; one
         alive after all is seated in the next generation). A joiner on another node, or whose node no launcher
         reported, is not in doubt."""
-        nodes = self.nodes.of({s: facts[s].incarnation for s in lost | outsiders if s in facts})
-        lost_nodes = {nodes[s] for s in lost if s in nodes}
+        def incarnations(slots: set[int]) -> dict[int, int]:
+            return {s: facts[s].incarnation for s in slots if s in facts}
+
         awaited: set[int] = set()
         gone: set[int] = set()
-        if not lost_nodes:
+        neighbours = self.nodes.beside(incarnations(outsiders), incarnations(lost))
+        if not neighbours:
             return awaited, gone
         asked = self.probe.ask(previous.generation)
-        for slot in outsiders:
+        for slot in neighbours:
             name = f"hb/{slot}"
-            if nodes.get(slot) not in lost_nodes or self.observer.changed_after(name, asked):
-                continue
-            (gone if self.observer.silent_for(name) >= self._timing.evidence_silence else awaited).add(slot)
+            if not self.observer.changed_after(name, asked):
+                (gone if self.observer.silent_for(name) >= self._timing.evidence_silence else awaited).add(slot)
         return awaited, gone
 
     def leader_gone_with_a_node(self, slot: int, incarnation: int, record: GenerationRecord | None) -> bool:
@@ -125,9 +126,8 @@ class Judge:
         if self.observer.silent_for(f"hb/{slot}") < self._timing.evidence_silence:
             return False
         named = evidence.closed_named(self._store, record.generation)
-        incarnations = {m: i for m, i in zip(record.members, record.incarnations, strict=True) if m in named}
-        nodes = self.nodes.of({**incarnations, slot: incarnation})
-        return slot in nodes and nodes[slot] in {nodes[m] for m in incarnations if m in nodes}
+        members = {m: i for m, i in zip(record.members, record.incarnations, strict=True) if m in named}
+        return bool(self.nodes.beside({slot: incarnation}, members))
 
     def alive(self, facts: SlotFacts, incarnation: int | None = None) -> bool:
         return not facts.is_gone(incarnation) and not self.observer.is_stale(f"hb/{facts.slot}")

@@ -38,3 +38,9 @@ class NodeMap:
                 known = self._known[slot] = (incarnation, (str(report["host"]), int(report["launcher_pid"])))
             found[slot] = known[1]
         return found
+
+    def beside(self, candidates: dict[int, int], others: dict[int, int]) -> set[int]:
+        """The slots of `candidates` that run on the node of one of `others` (both slot -> incarnation)."""
+        nodes = self.of({**others, **candidates})
+        theirs = {nodes[s] for s in others if s in nodes}
+        return {s for s in candidates if s in nodes and nodes[s] in theirs}
