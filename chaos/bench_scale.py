@@ -26,6 +26,19 @@ few processes on this machine, so the network is loopback and every participant'
   interrupt, be counted and hear a decision: with nothing else, with ftcoord's critical-path requests, and with
   every request an advance costs (chaos.scale_floor): how far an advance is from what this machine allows.
 
+- `stragglers`: a change still incomplete STRAGGLING_S after it began: which participants had not announced
+  themselves or got the record, their workers, and where the threads of a few of them were (stack and interrupt watch
+  state, asked of their workers); a change over 1 s: how late each worker's participants were; and
+  `unasked_changes`: generation changes nobody asked for, with the interrupts' reasons (each a false positive).
+
+The store and every worker process each run in a session of their own (the driver stays in the caller's), so
+the kernel's scheduler (autogroups) shares the cores between them as between hosts. In one session it shared them
+between threads: at 1,024 the store's one thread was one among ~6,000, left unscheduled for seconds whenever an
+advance woke a thousand of them; its clients' calls went unanswered for op_timeout (10 s), whole workers
+reconnected, and in 5 of 9 runs one advance took 12-40 s (the medians alike). In sessions of their own: 6 runs of
+30-40 advances, none over 2.1 s, no call unanswered. A worker writes its events from a thread of its own, so a
+driver that reads late holds no participant up.
+
 scale.md and scale.png, and which targets were missed: chaos.scale_report.
 
 How the participants are laid out in processes, and when a size does not fit this machine (its memory,
@@ -46,6 +59,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -56,9 +70,10 @@ from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMem
 from chaos.scale_report import markdown, plot, targets_missed
 from ftcoord import keys
 from ftcoord.config import Timing
-from ftcoord.decisions import count_announcements
+from ftcoord.decisions import count_announcements, read_announcements
 from ftcoord.heartbeat import mark_dead
 from ftcoord.server import StoreProcess
+from ftcoord.store import get_if_present
 from ftcoord.store_link import StoreLink
 
 HOST = "127.0.0.1"
@@ -84,6 +99,8 @@ class Swarm:
         self.incarnations: dict[int, int] = {}
         self._lock = threading.Lock()
         self._counts: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._stacks: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.collections: list[tuple[float, float, int]] = []  # workers' full collections: (when, seconds, worker)
         self.started = 0
         self.workers: list[Worker] = []
         self.killed: set[int] = set()  # slots this driver SIGKILLed
@@ -109,7 +126,7 @@ class Swarm:
 
     def _spawn(self, command: list[str], first: int, count: int, log: TextIO) -> None:
         process = subprocess.Popen(command + ["--first", str(first), "--count", str(count)], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+                                   stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, start_new_session=True)
         worker = Worker(process, first, count)
         self.workers.append(worker)
         threading.Thread(target=self._read, args=(worker,), daemon=True).start()
@@ -129,10 +146,14 @@ class Swarm:
                 elif kind == "started":
                     self.started += 1
                     self.incarnations.update({int(s): i for s, i in event["incarnations"].items()})
+                elif kind == "collected":
+                    self.collections.append((event["t"], event["s"], worker.first))
                 elif kind in ("left", "helper_failed"):
                     self.problems.append(f"slot {event['slot']}: {kind}: {event['reason']}")
             if kind == "counts":
                 self._counts.put(event)
+            elif kind == "stacks":
+                self._stacks.put(event)
 
     def wait_for(self, condition: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -156,6 +177,40 @@ class Swarm:
             if generation > after and set(self.joined[generation]) >= slots and self.worlds[generation] == len(slots):
                 return generation
         return None
+
+    def collections_since(self, t0: float) -> list[tuple[float, float, int]]:
+        """The workers' full collections since `t0`: (seconds after t0, how long, the worker's first slot)."""
+        with self._lock:
+            return [(round(t - t0, 3), s, first) for t, s, first in self.collections if t >= t0]
+
+    def worker_of(self, slot: int) -> int:
+        """The first slot of the worker that simulates `slot`."""
+        return next(w.first for w in self.workers if w.first <= slot < w.first + w.count)
+
+    def stragglers(self, after: int, slots: set[int]) -> list[int]:
+        """The slots of `slots` that joined no generation after `after` yet."""
+        with self._lock:
+            joined = set().union(*(set(s) for g, s in self.joined.items() if g > after))
+        return sorted(slots - joined)
+
+    def stacks(self, slots: list[int]) -> dict[str, Any]:
+        """Where the named participants' threads are now (by thread name), from their workers."""
+        asked = 0
+        for worker in self.workers:
+            mine = [s for s in slots if worker.first <= s < worker.first + worker.count]
+            if mine and worker.process.poll() is None and worker.process.stdin is not None:
+                worker.process.stdin.write("stacks " + " ".join(map(str, mine)) + "\n")
+                worker.process.stdin.flush()
+                asked += 1
+        found: dict[str, Any] = {}
+        for _ in range(asked):
+            try:
+                event = self._stacks.get(timeout=30)
+            except queue.Empty:
+                break
+            found.update(event["threads"])
+            found.update({f"state-{slot}": state for slot, state in event["state"].items()})
+        return found
 
     def counts(self) -> tuple[Counter[str], float | None]:
         """Store requests by role/op over all workers, and the leader thread's CPU seconds."""
@@ -219,7 +274,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
              log: TextIO, say: Any) -> dict[str, Any]:
     """Every measure for one size (see the module docstring)."""
     timing = Timing()
-    server = StoreProcess.start(HOST, 0)
+    server = StoreProcess.start(HOST, 0, own_session=True)
     pid = server.process.pid
     job = f"scale-{n}"
     link = StoreLink(server.address, job, connect_timeout=30)
@@ -234,6 +289,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         generation = formed = swarm.everyone_in(0, everyone)
         assert generation is not None
         say(f"  N={n}: formed generation {generation} in {result['form_s']} s")
+        result["formation_interrupts"] = _reasons(store, 1, generation)
         result["record_bytes"] = len(store.get(keys.record(generation)))  # what every member reads per change
         memory = swarm.memory()
         result["worker_memory_mb"] = {"per_process": per_process, "process": memory.process_mb,
@@ -262,16 +318,34 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         counts_before, cpu_before = swarm.counts()
         loop_t0 = time.monotonic()
         advances, medians, phases, busy = [], [], [], []
+        stragglers: list[dict[str, Any]] = []
+        unasked: list[dict[str, Any]] = []  # generation changes nobody asked for (no fault: each a false positive)
         for _ in range(repetitions):
             store_cpu0, workers_cpu0 = _cpu_s(pid), swarm.cpu_s()
+            newest = swarm.everyone_in(generation, everyone)
+            if newest is not None:  # advanced since, unasked (the previous advance's decision was interrupted)
+                unasked.append({"generation": generation, "to": newest, "reasons": _reasons(store, generation, newest)})
+                generation = newest
             t0 = time.monotonic()
-            store.compare_set(keys.interrupt(generation), "", "bench:advance")
-            announced, decided = _watch_decision(store, generation + 1, n, 60 + n / 16)
-            swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60 + n / 16,
-                           f"advance past generation {generation}")
-            generation = swarm.everyone_in(generation, everyone)
-            assert generation is not None
+            won = store.compare_set(keys.interrupt(generation), "", "bench:advance").decode()
+            if won != "bench:advance":
+                unasked.append({"generation": generation, "reasons": {generation: won}})
+            unannounced = lambda g=generation, t=t0: _note_unannounced(swarm, store, g, everyone, t, stragglers)  # noqa: E731
+            announced, decided = _watch_decision(store, generation + 1, n, 60 + n / 16, unannounced)
+            _await_advance(swarm, store, generation, everyone, t0, 60 + n / 16, stragglers)
+            newest = swarm.everyone_in(generation, everyone)
+            assert newest is not None
+            if newest > generation + 1:  # more than one change: what interrupted the ones between
+                unasked.append({"generation": generation, "to": newest, "reasons": _reasons(store, generation, newest)})
+            generation = newest
             times = [t - t0 for t in swarm.joined[generation].values()]
+            if max(times) > 1.0:  # slow: which workers' participants were late, and what the collector did
+                by_worker: dict[int, float] = defaultdict(float)
+                for slot, t in swarm.joined[generation].items():
+                    by_worker[swarm.worker_of(slot)] = max(by_worker[swarm.worker_of(slot)], round(t - t0, 3))
+                stragglers.append({"generation": generation, "phase": "slow", "took_s": round(max(times), 3),
+                                   "latest_by_worker": dict(sorted(by_worker.items())),
+                                   "collections": swarm.collections_since(t0)})
             advances.append(max(times))
             medians.append(statistics.median(times))
             phases.append((announced - t0, decided - announced, max(times) - (decided - t0)))
@@ -293,6 +367,8 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
                                                "participants": round(sum(b[1] for b in busy) / took, 3),
                                                "of": os.cpu_count(), "clock_tick_s": 1 / os.sysconf("SC_CLK_TCK")}
         result["advance_s"] = summary(advances)
+        result["stragglers"] = stragglers
+        result["unasked_changes"] = unasked
         result["advance_median_participant_s"] = summary(medians)
         # Where an advance's time goes: every participant announced itself (their rejoin: in this simulation,
         # thousands of them share 2 cores), the leader decided (the protocol's own critical path), every
@@ -309,8 +385,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         swarm.kill(victim)
         mark_dead(store, victim, swarm.incarnations[victim])
         everyone -= {victim}
-        swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60 + n / 16,
-                       "re-form without the marked victim")
+        _await_advance(swarm, store, generation, everyone, t0, 60 + n / 16, stragglers)
         generation = swarm.everyone_in(generation, everyone)
         assert generation is not None
         result["reform_marked_s"] = round(max(swarm.joined[generation].values()) - t0, 4)
@@ -327,8 +402,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
                 break
             time.sleep(0.005)
         everyone -= {victim}
-        swarm.wait_for(lambda g=generation: swarm.everyone_in(g, everyone) is not None, 60 + n / 16,
-                       "re-form without the silent victim")
+        _await_advance(swarm, store, generation, everyone, t0 + timing.heartbeat_timeout, 60 + n / 16, stragglers)
         generation = swarm.everyone_in(generation, everyone)
         assert generation is not None
         result["detect_silent_s"] = None if detected is None else round(detected, 4)
@@ -352,14 +426,69 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         server.stop()
 
 
-def _watch_decision(store: Any, generation: int, n: int, timeout: float) -> tuple[float, float]:
-    """When every participant had announced itself for `generation`, and when its record was written (polled)."""
+STRAGGLING_S = 3.0
+"""An advance still incomplete this long after its interrupt has stragglers: where their threads are is recorded."""
+
+
+def _reasons(store: Any, first: int, last: int) -> dict[int, str | None]:
+    """Why each generation from `first` up to `last` (excluded) was interrupted (None: its key is gone)."""
+    found = {}
+    for generation in range(first, last):
+        value = get_if_present(store, keys.interrupt(generation))
+        found[generation] = None if value is None else value.decode(errors="replace")
+    return found
+
+
+def _await_advance(swarm: Swarm, store: Any, generation: int, everyone: set[int], t0: float, timeout: float,
+                   stragglers: list[dict[str, Any]]) -> None:
+    """Wait until every participant holds a record after `generation`; past STRAGGLING_S, note which ones do not yet
+    and where their threads are (a few of them), in `stragglers`."""
+    done = lambda: swarm.everyone_in(generation, everyone) is not None  # noqa: E731
+    try:
+        swarm.wait_for(done, max(STRAGGLING_S - (time.monotonic() - t0), 0.0), "")
+        return
+    except TimeoutError:
+        pass
+    _note(swarm, store, "record", generation, swarm.stragglers(generation, everyone), t0, stragglers)
+    swarm.wait_for(done, timeout, f"advance past generation {generation}")
+
+
+def _note_unannounced(swarm: Swarm, store: Any, generation: int, everyone: set[int], t0: float,
+                      stragglers: list[dict[str, Any]]) -> None:
+    """The participants not announced for the generation after `generation` yet, and where their threads are."""
+    joins, _ = read_announcements(store, generation + 1)
+    _note(swarm, store, "announce", generation, sorted(everyone - {j.slot for j in joins}), t0, stragglers)
+
+
+def _note(swarm: Swarm, store: Any, phase: str, generation: int, late: list[int], t0: float,
+          stragglers: list[dict[str, Any]]) -> None:
+    """Record a straggling change: who is late (`late`), their workers, the keys of the generations around it, the
+    workers' full collections since it began, and where a few of the late ones' threads are."""
+    keys_now = {}
+    for g in (generation - 1, generation, generation + 1):
+        for key in (keys.interrupt(g), keys.probe(g), keys.record(g)):
+            value = get_if_present(store, key)
+            keys_now[key] = None if value is None else value[:40].decode(errors="replace")
+    stragglers.append({"generation": generation, "phase": phase, "after_s": round(time.monotonic() - t0, 3),
+                       "slots": late[:20], "count": len(late), "workers": sorted({swarm.worker_of(s) for s in late}),
+                       "collections": swarm.collections_since(t0), "keys": keys_now,
+                       "threads": swarm.stacks(late[:3])})
+
+
+def _watch_decision(store: Any, generation: int, n: int, timeout: float,
+                    straggling: Callable[[], None] = lambda: None) -> tuple[float, float]:
+    """When every participant had announced itself for `generation`, and when its record was written (polled).
+    `straggling()`: called once when not everyone announced within STRAGGLING_S."""
     announced = None
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline, late = started + timeout, started + STRAGGLING_S
     while time.monotonic() < deadline:
         now = time.monotonic()
         if announced is None and count_announcements(store, generation) >= n:
             announced = now
+        if announced is None and now > late:
+            straggling()
+            late = deadline
         if store.check([keys.record(generation)]):
             return (announced or now), now
         time.sleep(0.002)

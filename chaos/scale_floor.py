@@ -113,7 +113,7 @@ def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: s
             timeout_s: float = 120.0) -> dict[str, Any]:
     """The floor of an advance among `n` bare participants, `per_process` to a process: a summary of the rounds'
     times from the interrupt until the last participant finished."""
-    server = StoreProcess.start("127.0.0.1", 0)
+    server = StoreProcess.start("127.0.0.1", 0, own_session=True)
     store = connect(server.address)
     workers: list[_Worker] = []
     try:
@@ -160,7 +160,7 @@ class _Worker:
         return cls(subprocess.Popen(
             [sys.executable, "-m", "chaos.scale_floor", "--store", address, "--count", str(count),
              "--first", str(first), "--members", str(members), "--variant", variant, "--rounds", str(rounds)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True))
 
     def _read(self) -> None:
         assert self.process.stdout is not None

@@ -73,9 +73,32 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
     verdict = "every target met" if not misses else "missed: " + "; ".join(misses)
     return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n" + head + "\n".join(lines)
             + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases)
+            + "\n\nSlow changes (stragglers, and changes nobody asked for):\n"
+            + ("\n".join(line for r in results for line in _slow_lines(r)) or "- none")
             + "\n\nStore requests per participant per second, by thread:\n" + "\n".join(roles)
             + "\n\nThe store over many generations:\n" + ("\n".join(memory) or "- not measured")
             + f"\n\n{verdict}\n")
+
+
+def _slow_lines(result: dict[str, Any]) -> list[str]:
+    """A change still incomplete STRAGGLING_S after it began (who was late, where their threads waited), one over 1 s
+    (how late each worker's participants were), and generation changes nobody asked for (with their reasons)."""
+    n, lines = result["participants"], []
+    for s in result.get("stragglers", []):
+        if s["phase"] == "slow":
+            late = sorted(s["latest_by_worker"].items(), key=lambda kv: -kv[1])[:3]
+            lines.append(f"- N={n}: the change to generation {s['generation']} took {s['took_s']} s; latest by "
+                         "worker: " + ", ".join(f"slots from {first}: {t} s" for first, t in late))
+            continue
+        waits = sorted({frames[-1].rsplit("/", 1)[-1] for name, frames in s["threads"].items()
+                        if not name.startswith("state-")})
+        lines.append(f"- N={n}: after generation {s['generation']}, {s['count']} participant(s) had not "
+                     f"{'announced themselves' if s['phase'] == 'announce' else 'got the record'} "
+                     f"{s['after_s']} s after it ended (workers from slots {s['workers'][:8]}); their threads were "
+                     f"in: {', '.join(waits[:6])}")
+    lines += [f"- N={n}: unasked change after generation {u['generation']}: {u['reasons']}"
+              for u in result.get("unasked_changes", [])]
+    return lines
 
 
 def _floor_line(result: dict[str, Any]) -> str:

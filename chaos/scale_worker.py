@@ -8,17 +8,20 @@ counts itself arrived and writes its process-group address key (gloo's layout an
 so the store holds what a real job's would.
 
 Talks to the driver (chaos.bench_scale) in JSON lines: events on stdout; commands on stdin ("counts",
-"stop").
+"stacks <slot> ...": where the named participants' threads are, for a straggler; "stop").
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import queue
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 
 from chaos.scale_layout import freeze_startup_objects
@@ -29,13 +32,22 @@ from ftcoord.log import configure
 from ftcoord.participant import Participant
 from ftcoord.store_main import raise_open_files
 
-_OUT_LOCK = threading.Lock()
+_OUT: queue.SimpleQueue[dict[str, object] | None] = queue.SimpleQueue()
 
 
 def emit(event: str, **facts: object) -> None:
-    with _OUT_LOCK:
-        sys.stdout.write(json.dumps({"event": event, **facts}, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
+    """Tell the driver, without waiting for it: a thread of its own writes the line. A participant that wrote its
+    events itself stood still whenever the driver (one process among thousands of threads on 2 cores) read its pipe
+    late: seen at 1,024, trainers held in a full pipe's write for seconds, their rendezvous and rejoins with them."""
+    _OUT.put({"event": event, **facts})
+
+
+def _write_events() -> None:
+    while (message := _OUT.get()) is not None:
+        sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
+        if _OUT.empty():
+            sys.stdout.flush()
+    sys.stdout.flush()
 
 
 class SimulatedRank:
@@ -83,6 +95,45 @@ def thread_cpu(thread: threading.Thread) -> float:
         return 0.0
 
 
+class CollectorPauses:
+    """Full collections (the collector's generation 2) that held this process's interpreter lock: when and how long;
+    each is told to the driver (a straggling advance that met one measured the machine, not the protocol)."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.monotonic()
+        else:
+            emit("collected", t=self._started, s=round(time.monotonic() - self._started, 4),
+                 collected=info.get("collected", 0))
+
+
+def state(p: Participant) -> dict[str, object]:
+    """What a participant's interrupt watch and trainer hold now (for a straggler)."""
+    m = p.monitor
+    return {"generation": p.generation, "watching": m._generation, "fired": m.fired, "answered": m._answered,
+            "announced": m._announced, "reason": m.reason}
+
+
+def stacks(slots: set[int]) -> dict[str, list[str]]:
+    """Where each thread of the named participants is now, by thread name (ftcoord-monitor-12: its frames, innermost
+    last): what a straggler waits in."""
+    frames = sys._current_frames()
+    found: dict[str, list[str]] = {}
+    for thread in threading.enumerate():
+        slot = thread.name.rsplit("-", 1)[-1]
+        frame = frames.get(thread.ident or -1)
+        if slot.isdigit() and int(slot) in slots and frame is not None:
+            walk = traceback.walk_stack(frame)
+            found[thread.name] = [f"{f.f_code.co_filename}:{line} {f.f_code.co_name}" for f, line in walk][::-1]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos.scale_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="host:port of the job's store")
@@ -93,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-s", type=float, default=0.05, help="seconds per simulated step")
     args = parser.parse_args(argv)
     configure(level=os.environ.get("FTCOORD_SCALE_LOG", "error"))
+    writer = threading.Thread(target=_write_events, name="sim-events", daemon=True)
+    writer.start()
     raise_open_files()  # four store connections per simulated participant
     ranks: list[SimulatedRank] = []
     policy = QuorumPolicy(target_world_size=args.target, min_world_size=1)
@@ -104,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         participant.start()
         ranks.append(SimulatedRank(participant, args.step_s))
     freeze_startup_objects()
+    CollectorPauses()
     emit("started", first=args.first, count=args.count, start_s=round(time.monotonic() - started, 3),
          incarnations={r.p.slot: r.p.incarnation for r in ranks})
     for rank in ranks:
@@ -119,12 +173,17 @@ def main(argv: list[str] | None = None) -> int:
             emit("counts", t=time.monotonic(), requests={f"{role}/{op}": n for (role, op), n in total.items()},
                  leader_slot=leaders[0].p.slot if leaders else None,
                  leader_cpu_s=thread_cpu(leaders[0].p.leader.thread) if leaders else None)
+        elif command.startswith("stacks "):
+            named = {int(s) for s in command.split()[1:]}
+            emit("stacks", t=time.monotonic(), threads=stacks(named),
+                 state={r.p.slot: state(r.p) for r in ranks if r.p.slot in named})
         elif command == "stop":
             break
     for rank in ranks:
         rank.stopping.set()
     emit("stopped")
-    sys.stdout.flush()
+    _OUT.put(None)
+    writer.join(10.0)
     return 0
 
 

@@ -62,12 +62,16 @@ class StoreProcess:
     address: str
 
     @classmethod
-    def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0) -> StoreProcess:
-        """Start `python -m ftcoord.server` and wait for its ready line."""
+    def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0,
+              own_session: bool = False) -> StoreProcess:
+        """Start `python -m ftcoord.server` and wait for its ready line. `own_session`: in a session of its own, so
+        the kernel's scheduler (autogroups) shares the CPU between it and the caller's session as between two
+        hosts, not between its one thread and every thread of the caller's (chaos bench --scale)."""
         process = subprocess.Popen(
             [sys.executable, "-m", "ftcoord.store_main", "--host", host, "--port", str(port), "--quiet"],
             stdout=subprocess.PIPE,
             text=True,
+            start_new_session=own_session,
         )
         ready: dict[str, str] = {}
 

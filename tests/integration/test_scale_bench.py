@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -77,3 +78,28 @@ def test_a_floor_worker_that_dies_is_said_at_once() -> None:
     with pytest.raises(RuntimeError, match=r"a floor worker exited with 2 before saying 'ready'"):
         scale_floor.measure(4, 2, 1, 16, "no-such-variant", timeout_s=120)
     assert time.monotonic() - started < 30
+
+
+def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_can_be_seen(tmp_path: Path) -> None:
+    """The store and every worker process run in a session of their own, so the kernel shares the CPU between them
+    as between hosts (autogroups): in one session, the store's one thread was one among ~6,000 at 1,024, left
+    unscheduled for seconds at an advance (its clients' calls went unanswered for op_timeout, whole workers
+    reconnected, advances took 20-40 s). A straggling participant's threads are shown where they wait, with what
+    its interrupt watch holds (what the bench records for an advance slower than STRAGGLING_S)."""
+    from chaos.bench_scale import Swarm
+    from ftcoord.server import StoreProcess
+
+    server = StoreProcess.start("127.0.0.1", 0, own_session=True)
+    with (tmp_path / "workers.log").open("w") as log:
+        swarm = Swarm(server.address, "hosts", 6, log, step_s=2.0, per_process=2)
+        try:
+            for process in [server.process] + [w.process for w in swarm.workers]:
+                assert os.getsid(process.pid) == process.pid, "not in a session of its own"
+            swarm.wait_for(lambda: swarm.everyone_in(0, set(range(6))) is not None, 120, "6 participants formed")
+            found = swarm.stacks([3])
+            assert found["state-3"]["generation"] >= 1 and found["state-3"]["fired"] is False, found["state-3"]
+            assert any("monitor.py" in frame for frame in found["ftcoord-monitor-3"]), found["ftcoord-monitor-3"]
+            assert "sim-trainer-3" in found and not any(name.endswith("-2") for name in found), sorted(found)
+        finally:
+            swarm.close()
+            server.stop()

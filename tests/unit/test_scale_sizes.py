@@ -94,3 +94,20 @@ def test_a_size_not_measured_is_a_missed_target_and_a_row_of_the_table() -> None
     text = markdown(results, misses)
     assert "| 4096 | not measured: 4096 participants need ~36.9 GiB |" in text
     assert text.rstrip().endswith("missed: " + misses[0])
+
+
+def test_a_slow_change_says_who_was_late_where_they_waited_and_why_an_unasked_change_came() -> None:
+    from chaos.scale_report import _slow_lines
+
+    result = {"participants": 1024, "stragglers": [
+        {"generation": 16, "phase": "announce", "after_s": 3.3, "count": 114, "workers": [1, 65], "slots": [2, 8],
+         "threads": {"ftcoord-monitor-2": ["/x/threading.py:1002 _bootstrap", "/x/ftcoord/store.py:179 woken"],
+                     "state-2": {"generation": 16, "fired": True}}},
+        {"generation": 17, "phase": "slow", "took_s": 7.8, "latest_by_worker": {0: 0.5, 65: 7.8, 129: 7.7}}],
+        "unasked_changes": [{"generation": 5, "to": 7, "reasons": {5: "dead:slot=3", 6: "grow:slot=3"}}]}
+    lines = _slow_lines(result)
+    assert lines[0].startswith("- N=1024: after generation 16, 114 participant(s) had not announced themselves 3.3 s")
+    assert lines[0].endswith("their threads were in: store.py:179 woken")
+    assert lines[1] == ("- N=1024: the change to generation 17 took 7.8 s; latest by worker: slots from 65: 7.8 s, "
+                        "slots from 129: 7.7 s, slots from 0: 0.5 s")
+    assert lines[2] == "- N=1024: unasked change after generation 5: {5: 'dead:slot=3', 6: 'grow:slot=3'}"

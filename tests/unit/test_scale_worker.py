@@ -1,0 +1,41 @@
+"""chaos.scale_worker: a simulated participant never waits for the bench's driver to read what it says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+_EMIT_MORE_THAN_A_PIPE_HOLDS = """
+import os, sys, threading, time
+from chaos import scale_worker
+threading.Thread(target=scale_worker._write_events, daemon=True).start()
+started = time.monotonic()
+for i in range(400):  # ~400 KB: a pipe holds 64 KB
+    scale_worker.emit("joined", slot=i, pad="x" * 1000)
+print(f"{time.monotonic() - started:.3f}", file=sys.stderr, flush=True)
+os._exit(0)  # not the interpreter's exit, which flushes stdout into the full pipe
+"""
+
+
+def test_a_participant_emits_at_once_while_the_driver_reads_nothing() -> None:
+    """Seen at 1,024 simulated participants: the driver, starved of CPU, read a worker's pipe late, and trainers
+    stood still in a full pipe's write for seconds, their rendezvous and rejoins with them. Emitting is a put on a
+    queue; a thread of its own writes. (Written by the caller, this blocks for good after 64 KB: the test times out.)"""
+    read_end, write_end = os.pipe()  # nobody reads it
+    try:
+        process = subprocess.Popen([sys.executable, "-c", _EMIT_MORE_THAN_A_PIPE_HOLDS], stdout=write_end,
+                                   stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        try:
+            _, err = process.communicate(timeout=45)
+        finally:
+            process.kill()
+        took = float(err.strip().splitlines()[-1])
+        assert took < 5.0, err
+    finally:
+        os.close(read_end)
