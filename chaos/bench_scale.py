@@ -36,8 +36,8 @@ the kernel's scheduler (autogroups) shares the cores between them as between hos
 between threads: at 1,024 the store's one thread was one among ~6,000, left unscheduled for seconds whenever an
 advance woke a thousand of them; its clients' calls went unanswered for op_timeout (10 s), whole workers
 reconnected, and in 5 of 9 runs one advance took 12-40 s (the medians alike). In sessions of their own: 6 runs of
-30-40 advances, none over 2.1 s, no call unanswered. A worker writes its events from a thread of its own, so a
-driver that reads late holds no participant up.
+30-40 advances, none over 2.1 s (in the one with the workers' warnings logged: no call unanswered). A worker
+writes its events from a thread of its own, so a driver that reads late holds no participant up.
 
 scale.md and scale.png, and which targets were missed: chaos.scale_report.
 
