@@ -342,7 +342,8 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
             if max(times) > 1.0:  # slow: which workers' participants were late, and what the collector did
                 by_worker: dict[int, float] = defaultdict(float)
                 for slot, t in swarm.joined[generation].items():
-                    by_worker[swarm.worker_of(slot)] = max(by_worker[swarm.worker_of(slot)], round(t - t0, 3))
+                    worker = swarm.worker_of(slot)
+                    by_worker[worker] = max(by_worker[worker], round(t - t0, 3))
                 stragglers.append({"generation": generation, "phase": "slow", "took_s": round(max(times), 3),
                                    "latest_by_worker": dict(sorted(by_worker.items())),
                                    "collections": swarm.collections_since(t0)})
