@@ -78,8 +78,10 @@ class Timing:
 
     @property
     def store_op_timeout(self) -> float:
-        """How long one store operation may go unanswered before the store counts as away (a hung server
-        hangs its clients past TCPStore's own timeouts): two heartbeat timeouts, at least 10 s."""
+        """How long one store operation may go unanswered, with nothing else of the process answered either, before
+        the store counts as away (a hung server hangs its clients past TCPStore's own timeouts; a slow one that
+        answers others is waited for up to three times this: ftcoord.call_watch): two heartbeat timeouts, at least
+        10 s."""
         return max(10.0, 2 * self.heartbeat_timeout)
 
     @property

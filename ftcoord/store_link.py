@@ -9,8 +9,10 @@ A `StoreLink` is one process's access to the store of one job. Each thread takes
 from it (one client per thread: a thread blocked in `wait` holds its client). A LinkedStore offers the
 operations of `dist.Store` that ftcoord uses, under the job's key prefix (or none, for the store's job
 index), and:
-- **bounds every operation**: one unanswered for `op_timeout` beyond its own wait has its socket shut
-  down (as ftcoord.group_sockets releases a hung collective) and counts as a server gone away;
+- **bounds every operation** (ftcoord.call_watch): one unanswered for `op_timeout` beyond its own wait, while the
+  store has answered nothing of this process for op_timeout, has its socket shut down (as ftcoord.group_sockets
+  releases a hung collective) and counts as a server gone away; a store that is slow but answers is waited for
+  (up to 3 op_timeouts), not cut and reconnected to by every process at once;
 - **reconnects** to the same address, with backoff, and runs the operation again; when the store stays
   away `store_timeout` seconds from the moment this process first noticed, every operation raises
   StoreLost: one line that names the address, how long it waited and what to do;
@@ -49,6 +51,7 @@ import torch.distributed as dist
 
 from ftcoord import group_sockets, keys
 from ftcoord.address import StoreAddress, check_job_id
+from ftcoord.call_watch import UNANSWERED_OPS, CallWatch
 from ftcoord.env import STORE_INSTANCE_ENV, STORE_TIMEOUT_ENV
 from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
 from ftcoord.log import get_logger
@@ -145,14 +148,11 @@ class StoreLink:
         self._lock = threading.RLock()
         self._session = 0  # bumped by every reconnection (new instance or not)
         self._down_since: float | None = None
-        self._watch_lock = threading.Lock()
-        self._watched: dict[int, tuple[float, dict[int, str] | None, dict[int, str]]] = {}
-        self._next_token = 0
         self._closed = threading.Event()
         self._clients: weakref.WeakSet[LinkedStore] = weakref.WeakSet()
         self._log = get_logger(component="store_link", store=str(self.address))
-        self._watchdog = threading.Thread(target=self._watch, name="ftcoord-store-watch", daemon=True)
-        self._watchdog.start()
+        self.calls = CallWatch(op_timeout, self._closed, self._store_sockets, self._log)
+        self.calls.start()
 
     @property
     def epoch(self) -> int:
@@ -226,12 +226,12 @@ class StoreLink:
             with socket.create_connection((self.address.host, self.address.port), timeout=min(timeout, 2.0)):
                 pass
             before = group_sockets.open_sockets()
-            token = self._watch_call(timeout + self.op_timeout, None, before)
+            token = self.calls.watch(timeout + self.op_timeout, None, before)
             try:
                 raw = dist.TCPStore(self.address.host, self.address.port, is_master=False,
                                     timeout=timedelta(seconds=timeout), wait_for_workers=False)
             finally:
-                self._unwatch(token)
+                self.calls.unwatch(token)
             sockets = self._store_sockets(before)
         raw.set_timeout(timedelta(seconds=300))
         view: dist.Store = dist.PrefixStore(f"{KEY_PREFIX}/{self.job_id}", raw) if prefixed else raw
@@ -305,11 +305,12 @@ class StoreLink:
     def _settled(self, connection: _Connection, prefixed: bool) -> _Connection:
         """A new connection, once its instance is settled (the same, or the next one rebuilt), as a client of
         this session; bounded like any call."""
-        token = self._watch_call(self.op_timeout, connection.sockets, {})
+        token = self.calls.watch(self.op_timeout, connection.sockets, {})
         try:
             self._settle_again(connection.view, connection.raw)
+            self.calls.answered()
         finally:
-            self._unwatch(token)
+            self.calls.unwatch(token)
         connection.session = self._session
         if not prefixed:
             connection.view = connection.raw
@@ -380,43 +381,6 @@ class StoreLink:
         except Superseded as exc:
             self.stale = str(exc)
             raise
-
-    # -- the watchdog -------------------------------------------------------------------------
-
-    def _watch_call(self, seconds: float, sockets: dict[int, str] | None, before: dict[int, str]) -> int:
-        """Watch an operation: after `seconds` its sockets (or, for a connection being made, every socket
-        to the store opened since `before`) are shut down, and the call fails."""
-        with self._watch_lock:
-            self._next_token += 1
-            self._watched[self._next_token] = (time.monotonic() + seconds, sockets, before)
-            return self._next_token
-
-    def _until_due(self) -> float:
-        """How long the watchdog may sleep: until the earliest deadline it watches, op_timeout when it watches none.
-        Every call is watched for at least op_timeout from its start, so one that starts during the sleep is never
-        due before the sleep ends: the thread wakes only when a call may be overdue, not every second (at scale,
-        `chaos bench --scale`, a thread per process that woke every second for nothing was a sixth of the
-        wakeups of an idle participant)."""
-        with self._watch_lock:
-            earliest = min((deadline for deadline, _, _ in self._watched.values()), default=None)
-        if earliest is None:
-            return self.op_timeout
-        return min(self.op_timeout, max(0.0, earliest - time.monotonic()))
-
-    def _unwatch(self, token: int) -> None:
-        with self._watch_lock:
-            self._watched.pop(token, None)
-
-    def _watch(self) -> None:
-        while not self._closed.wait(self._until_due()):
-            now = time.monotonic()
-            with self._watch_lock:
-                overdue = [(t, w) for t, w in self._watched.items() if w[0] <= now]
-                for token, _ in overdue:
-                    self._watched.pop(token, None)
-            for _, (_, sockets, before) in overdue:
-                cut = group_sockets.shut_down(dict(sockets) if sockets is not None else self._store_sockets(before))
-                self._log.warning("store_call_unanswered", op_timeout_s=self.op_timeout, sockets_shut=cut)
 
 
 class LinkedStore:
@@ -494,15 +458,18 @@ class LinkedStore:
                                          f"decided")
                 if self._closed:  # closed while the connection was made: close() may not have seen it
                     raise ClientClosed(f"this client of the store at {link.address} was closed")
-            token = link._watch_call(link.op_timeout + wait_s, connection.sockets, {})
+            token = link.calls.watch(link.op_timeout + wait_s, connection.sockets, {})
             try:
-                return op(connection.view)
+                result = op(connection.view)
+                if name not in UNANSWERED_OPS:
+                    link.calls.answered()
+                return result
             except Exception as exc:
                 if not is_connection_failure(exc) or self._closed:
                     raise
                 self._connection = link._reopen(connection, self._prefixed, exc)
             finally:
-                link._unwatch(token)
+                link.calls.unwatch(token)
 
     # -- the dist.Store operations ftcoord uses ---------------------------------------------------
 

@@ -387,10 +387,10 @@ def test_the_watchdog_sleeps_until_a_call_may_be_overdue_and_cuts_it_on_time(
         hung = StoreLink(server.address, job_id, op_timeout=4.0, store_timeout=60.0, may_start_job=True)
         client = hung.connect()
         client.set("a", "1")
-        assert hung._until_due() == pytest.approx(4.0, abs=0.01)  # noqa: SLF001 - nothing watched
-        token = hung._watch_call(1.5, {}, {})  # noqa: SLF001
-        assert 1.3 < hung._until_due() <= 1.5  # noqa: SLF001
-        hung._unwatch(token)  # noqa: SLF001
+        assert hung.calls.until_due() == pytest.approx(4.0, abs=0.01)  # nothing watched
+        token = hung.calls.watch(1.5, {}, {})
+        assert 1.3 < hung.calls.until_due() <= 1.5
+        hung.calls.unwatch(token)
         server.process.send_signal(signal.SIGSTOP)
         threading.Timer(6.0, lambda: server.process.send_signal(signal.SIGCONT)).start()
         started = time.monotonic()

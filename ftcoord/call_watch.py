@@ -1,0 +1,126 @@
+"""The store link's watchdog: a store call left unanswered is cut, unless the store is slow rather than hung.
+
+A TCPStore call to a server that stopped answering (SIGSTOP, a frozen host) blocks past every timeout of
+TCPStore's own, so every call of a StoreLink (ftcoord.store_link) is watched: one unanswered for `op_timeout`
+beyond its own wait has its sockets shut down, which fails it, and the link reconnects.
+
+Unanswered is not the same as hung. A store that is slow but answers (its queue longer than op_timeout: a burst of
+thousands of clients, a host starved of CPU) was cut all the same: every call waiting in its queue at once, then
+every process reconnecting at once, to a store that was already behind (`chaos bench --scale`, before its processes
+were scheduled as hosts: 170 calls cut in one moment, then their reconnections). So a call is cut when it is overdue
+*and* the store has answered nothing of this process for op_timeout (silence, which a hung store shows and a slow
+one does not); a call the store is slow to answer while it answers the process's others is looked at again when the
+silence could reach op_timeout, and cut anyway SLOW_LIMIT op_timeouts beyond its own wait (its connection may be
+stuck on its own). A hung store's calls are cut as before: op_timeout after the later of the call's start and the
+store's last answer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftcoord import group_sockets
+
+SLOW_LIMIT = 3
+"""A call the store is slow to answer, while it answers this process's others, is cut after this many op_timeouts
+beyond its own wait."""
+UNANSWERED_OPS = ("set", "append")
+"""TCPStore waits for no reply to these (ftcoord.store_link._REQUESTS): that they returned proves nothing."""
+
+
+@dataclass
+class _Watched:
+    """One call: cut at `due` (its deadline; later while the store answers this process, up to `limit`)."""
+
+    started: float
+    deadline: float
+    limit: float
+    sockets: dict[int, str] | None
+    before: dict[int, str]
+    due: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.due = self.deadline
+
+
+class CallWatch:
+    """Watches one process's store calls (a thread of its own, which sleeps until a call may be overdue)."""
+
+    def __init__(self, op_timeout: float, closed: threading.Event,
+                 sockets_since: Callable[[dict[int, str]], dict[int, str]], log: Any) -> None:
+        """`closed`: set when the link closes (the thread ends); `sockets_since(before)`: the sockets to the store
+        opened since `before` (a connection being made has no sockets of its own yet)."""
+        self.op_timeout = op_timeout
+        self.answered_at = -math.inf
+        """When the store last answered a call of this process (monotonic)."""
+        self._closed = closed
+        self._sockets_since = sockets_since
+        self._log = log
+        self._lock = threading.Lock()
+        self._watched: dict[int, _Watched] = {}
+        self._next_token = 0
+        self._thread = threading.Thread(target=self._run, name="ftcoord-store-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def watch(self, seconds: float, sockets: dict[int, str] | None, before: dict[int, str]) -> int:
+        """Watch a call: after `seconds` (the call's own wait plus op_timeout), once the store is silent, its
+        sockets (or, for a connection being made, every socket to the store opened since `before`) are shut down,
+        and the call fails. A token for `unwatch`."""
+        now = time.monotonic()
+        limit = now + seconds + (SLOW_LIMIT - 1) * self.op_timeout
+        with self._lock:
+            self._next_token += 1
+            self._watched[self._next_token] = _Watched(now, now + seconds, limit, sockets, before)
+            return self._next_token
+
+    def unwatch(self, token: int) -> None:
+        with self._lock:
+            self._watched.pop(token, None)
+
+    def answered(self) -> None:
+        """The store answered a call of this process just now."""
+        self.answered_at = time.monotonic()
+
+    def until_due(self) -> float:
+        """How long the thread may sleep: until the earliest time a call it watches may be cut, op_timeout when it
+        watches none. Every call is watched for at least op_timeout from its start, so one that starts during the
+        sleep is never due before the sleep ends: the thread wakes only when a call may be overdue, not every second
+        (at scale, `chaos bench --scale`, a thread per process that woke every second for nothing was a sixth of the
+        wakeups of an idle participant)."""
+        with self._lock:
+            earliest = min((watched.due for watched in self._watched.values()), default=None)
+        if earliest is None:
+            return self.op_timeout
+        return min(self.op_timeout, max(0.0, earliest - time.monotonic()))
+
+    def _run(self) -> None:
+        while not self._closed.wait(self.until_due()):
+            now, heard = time.monotonic(), self.answered_at
+            slow: list[_Watched] = []
+            overdue: list[_Watched] = []
+            with self._lock:
+                for token, watched in list(self._watched.items()):
+                    if watched.due > now:
+                        continue
+                    if now - heard < self.op_timeout and now < watched.limit:  # slow, not silent: look again
+                        if watched.due == watched.deadline:
+                            slow.append(watched)  # said once per call
+                        watched.due = min(heard + self.op_timeout, watched.limit)
+                        continue
+                    overdue.append(self._watched.pop(token))
+            for watched in slow:
+                self._log.warning("store_call_slow", waited_s=round(now - watched.started, 3),
+                                  answered_s_ago=round(now - heard, 3), op_timeout_s=self.op_timeout)
+            for watched in overdue:
+                sockets = watched.sockets if watched.sockets is not None else self._sockets_since(watched.before)
+                cut = group_sockets.shut_down(dict(sockets))
+                self._log.warning("store_call_unanswered", op_timeout_s=self.op_timeout, sockets_shut=cut,
+                                  waited_s=round(now - watched.started, 3),
+                                  silent_s=round(now - heard, 3) if heard > -math.inf else None)
