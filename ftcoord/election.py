@@ -91,7 +91,8 @@ class Election:
         mine = LeaderClaim(holder.term + 1, self._slot, self._incarnation)
         won = self._store.compare_set(keys.LEADER, str(holder), str(mine)).decode()
         if won == str(mine):
-            self._become(mine, previous=holder)
+            silent = self._judge.observer.silent_for(f"hb/{holder.slot}") if holder.slot is not None else None
+            self._become(mine, previous=holder, previous_silent_s=None if silent is None else round(silent, 3))
         else:
             self._holder = None  # someone else moved first: learn who next round
 
@@ -132,7 +133,10 @@ class Election:
         """The store restarted: learn the holder afresh from the new instance."""
         self._holder = None
 
-    def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None) -> None:
+    def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None,
+                previous_silent_s: float | None = None) -> None:
+        """`previous_silent_s`: how long the holder taken over from was seen silent (its heartbeat)."""
         self.claim = claim
         self._on_elected()
-        self._log.info("leader_elected", term=claim.term, previous=str(previous) if previous else None)
+        self._log.info("leader_elected", term=claim.term, previous=str(previous) if previous else None,
+                       **({"previous_silent_s": previous_silent_s} if previous_silent_s is not None else {}))

@@ -223,17 +223,20 @@ class LivenessObserver:
         self._born = clock()
         self._seen: dict[str, tuple[object, float, float]] = {}  # value, first seen at, last read at
         self._changed_at: dict[str, float] = {}  # the read that showed a new value (not the first one observed)
+        self._newest = -math.inf  # when the newest read was asked
 
     def reset(self) -> None:
         """Forget everything (after this observer itself was paused, e.g. SIGSTOPped)."""
         self._born = self._clock()
         self._seen.clear()
         self._changed_at.clear()
+        self._newest = -math.inf
 
     def observe(self, name: str, value: object, at: float | None = None) -> None:
         """Feed the latest value of a counter (any value compared with `!=`), read at `at` (this observer's
         clock; now when not given)."""
         now = self._clock() if at is None else at
+        self._newest = max(self._newest, now)
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
             self._seen[name] = (value, now, now)
@@ -272,6 +275,21 @@ class LivenessObserver:
         """The counter has shown one value since this observer was born (its silence is a lower bound)."""
         previous = self._seen.get(name)
         return previous is None or previous[1] <= self._born
+
+    def stale_at(self, prefix: str) -> float:
+        """When to ask a read that would find a counter named `prefix...` silent for the timeout if it stays as it is
+        (this observer's clock; math.inf: none), among the counters the newest read showed unchanged and not yet
+        silent that long. A watcher that reads on a grid (the leader's tick, a deputy's interval) finds a silence up
+        to one step of its grid late; reading at this moment too, it finds it on the dot. A counter just seen changing
+        is not due (a watcher that reads rarely is not woken early for it), nor one the newest read did not read (no
+        longer watched: its moment would come again and again)."""
+        born, timeout, newest, due = self._born, self.timeout, self._newest, math.inf
+        for name, (_, first, last) in self._seen.items():
+            if last == newest and last > first and name.startswith(prefix):
+                at = max(first, born) + timeout
+                if last < at < due:
+                    due = at
+        return due
 
     def is_stale(self, name: str, timeout: float | None = None) -> bool:
         return self.silent_for(name) >= (self.timeout if timeout is None else timeout)

@@ -61,6 +61,15 @@ class Judge:
         self.probe = evidence.Probe(store)
         self.nodes = NodeMap(store)
 
+    def sooner(self, seconds: float) -> float:
+        """`seconds`, or less when a heartbeat this process watches (every member's, as the leader; the leader's, as
+        a follower) would reach the heartbeat timeout sooner: the round that judges it silent is then asked on the
+        dot, not up to a step of the watcher's grid late (a tick; a deputy's interval, whose grid moves at each join:
+        LivenessObserver.stale_at). Before (tests/unit/test_silence_on_the_dot.py), a silence was judged up to that
+        step late: 1.26 s for a timeout of 1.1 s and a tick of 0.25 s."""
+        due = self.observer.stale_at("hb/") + 0.001  # a timed wait may end a hair early
+        return min(seconds, max(0.005, due - time.monotonic()))
+
     def rebuilt(self) -> None:
         """The store restarted: what was fenced and asked there is gone; fence and ask again."""
         self.fenced.clear()

@@ -195,7 +195,7 @@ class LeaderDuty:
                     if holder is not None and election.claim is None:
                         election.try_acquire(holder, facts, self._closed_in)
                     if election.claim is None:
-                        self._sleep(self._cadence.interval())
+                        self._sleep(self._judge.sooner(self._cadence.interval()))
                 elif holder == election.claim:
                     pausepoints.reached(pausepoints.LEADER_CHECKED)
                     if self._lead_once(read_at, facts):
@@ -285,8 +285,8 @@ class LeaderDuty:
             self._interrupted = current
             self._log.error("generation_interrupted_by_fatal", generation=current)
             return False
-        # Sleep until the generation is interrupted, or a tick passes (to judge silences).
-        if not woken(self._store, keys.interrupt(current), self._timing.tick):
+        # Sleep until the generation is interrupted, or a tick passes (to judge silences; less when one is due).
+        if not woken(self._store, keys.interrupt(current), self._judge.sooner(self._timing.tick)):
             self._quiet = current  # not interrupted a moment ago: the next round need not look again
             return False
         return self._follow_rejoin(generation, facts, read_at, record, current)

@@ -41,6 +41,33 @@ def test_fresh_observer_waits_a_full_timeout_before_calling_anyone_dead() -> Non
     assert observer.is_stale("hb/1")
 
 
+def test_a_watcher_is_told_when_a_read_would_find_a_silence_on_the_dot() -> None:
+    """stale_at: the moment a counter the newest read showed unchanged would be silent for the timeout; none for a
+    counter just seen changing (a rare reader is not woken early for it), none already silent that long, none the
+    newest read did not read (no longer watched), none for other prefixes."""
+    clock = FakeClock()
+    observer = LivenessObserver(timeout=5.0, clock=clock)
+    for name in ("hb/1", "hb/2", "hb/3", "progress/1"):
+        observer.observe(name, 1)
+    assert observer.stale_at("hb/") == float("inf")  # read once each: no silence seen yet
+    clock.now += 0.25
+    observer.observe("hb/1", 1)  # unchanged: silent since 100.0
+    observer.observe("hb/2", 2)  # changed: not due
+    observer.observe("hb/3", 1)  # unchanged
+    observer.observe("progress/1", 1)
+    assert observer.stale_at("hb/") == 105.0
+    assert observer.stale_at("outside/") == float("inf")
+    clock.now += 0.25
+    observer.observe("hb/2", 2)  # unchanged since 100.25; hb/1 and hb/3 are not read this time (no longer watched)
+    assert observer.stale_at("hb/") == 105.25
+    clock.now = 105.0  # a read a hair before hb/2's moment: still due
+    observer.observe("hb/2", 2)
+    assert observer.stale_at("hb/") == 105.25
+    clock.now = 105.3
+    observer.observe("hb/2", 2)
+    assert observer.is_stale("hb/2") and observer.stale_at("hb/") == float("inf")  # found silent: nothing due
+
+
 def test_silence_is_only_what_was_observed_so_a_paused_observer_kills_nobody() -> None:
     """The observer read every counter, then was paused (SIGSTOP, a GC) before judging: the pause is not
     silence of the others. Its next read decides."""
