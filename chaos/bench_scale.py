@@ -31,6 +31,14 @@ few processes on this machine, so the network is loopback and every participant'
   state, asked of their workers); a change over 1 s: how late each worker's participants were; and
   `unasked_changes`: generation changes nobody asked for, with the interrupts' reasons (each a false positive).
 
+`--participants events` runs the bulk's participants on an event loop instead (chaos.scale_worker_events): the
+same ftcoord code, each of its threads a greenlet, each store client chaos.wire_store's (the same bytes on the wire
+as torch's client). On a machine of few cores, thousands of threads woken at once cost the kernel and the
+interpreter locks more than the protocol costs anyone: at 1,024 the advance took about a third less this way
+(README, "Scale"), the leader decided sooner, and the floor of bare clients moved little, so the difference is the
+cost of waking ~5,000 threads, which a job whose ranks each have a host does not pay. The leader and the two kill
+victims stay processes of threads. The floor is measured as the participants ran.
+
 The store and every worker process each run in a session of their own (the driver stays in the caller's), so
 the kernel's scheduler (autogroups) shares the cores between them as between hosts. In one session it shared them
 between threads: at 1,024 the store's one thread was one among ~6,000, left unscheduled for seconds whenever an
@@ -78,6 +86,9 @@ from ftcoord.store_link import StoreLink
 
 HOST = "127.0.0.1"
 DEFAULT_SIZES = (64, 256, 1024, 4096)
+PARTICIPANTS = {"threads": "chaos.scale_worker", "events": "chaos.scale_worker_events"}
+"""How the bulk's participants run (--participants): each a process's threads, or greenlets of one event loop per
+process (chaos.scale_worker_events). The leader and the two kill victims run as threads either way."""
 
 
 @dataclass
@@ -86,12 +97,15 @@ class Worker:
     first: int
     count: int
     events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    client: str = ""
+    """How its participants' links open store clients, as it said once started."""
 
 
 class Swarm:
     """The worker processes of one size, and what they say."""
 
-    def __init__(self, address: str, job: str, n: int, log: TextIO, step_s: float, per_process: int) -> None:
+    def __init__(self, address: str, job: str, n: int, log: TextIO, step_s: float, per_process: int,
+                 participants: str = "threads") -> None:
         self.n = n
         self.joined: dict[int, dict[int, float]] = defaultdict(dict)  # generation -> slot -> when
         self.worlds: dict[int, int] = {}
@@ -104,8 +118,9 @@ class Swarm:
         self.started = 0
         self.workers: list[Worker] = []
         self.killed: set[int] = set()  # slots this driver SIGKILLed
-        command = [sys.executable, "-m", "chaos.scale_worker", "--store", address, "--job", job, "--target", str(n),
-                   "--step-s", str(step_s)]
+        arguments = ["--store", address, "--job", job, "--target", str(n), "--step-s", str(step_s)]
+        command = [sys.executable, "-m", "chaos.scale_worker", *arguments]
+        bulk_command = [sys.executable, "-m", PARTICIPANTS[participants], *arguments]
         # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
         # sharing an interpreter with dozens of simulated participants). The last two slots each get a process
         # of their own too, started last (so neither leads): the kills' victims. (Running the bulk at a lower CPU
@@ -116,7 +131,7 @@ class Swarm:
             self.wait_for(lambda: self.started == 1, 60, "the first participant to start")
             bulk = [(first, min(per_process, n - 2 - first)) for first in range(1, n - 2, per_process)]
             for first, count in bulk:
-                self._spawn(command, first, count, log)
+                self._spawn(bulk_command, first, count, log)
             self.wait_for(lambda: self.started == 1 + len(bulk), 60 + n / 4, f"{n - 2} participants to start")
             for first in (n - 2, n - 1):
                 self._spawn(command, first, 1, log)
@@ -145,6 +160,7 @@ class Swarm:
                     self.worlds[event["generation"]] = event["world"]
                 elif kind == "started":
                     self.started += 1
+                    worker.client = event.get("client", "")
                     self.incarnations.update({int(s): i for s, i in event["incarnations"].items()})
                 elif kind == "collected":
                     self.collections.append((event["t"], event["s"], worker.first))
@@ -271,7 +287,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def run_size(n: int, *, repetitions: int, generations: int, window_s: float, step_s: float, per_process: int,
-             log: TextIO, say: Any) -> dict[str, Any]:
+             log: TextIO, say: Any, participants: str = "threads") -> dict[str, Any]:
     """Every measure for one size (see the module docstring)."""
     timing = Timing()
     server = StoreProcess.start(HOST, 0, own_session=True)
@@ -279,8 +295,8 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
     job = f"scale-{n}"
     link = StoreLink(server.address, job, connect_timeout=30)
     store = link.connect()
-    result: dict[str, Any] = {"participants": n}
-    swarm = Swarm(server.address, job, n, log, step_s, per_process)
+    result: dict[str, Any] = {"participants": n, "run_as": participants}
+    swarm = Swarm(server.address, job, n, log, step_s, per_process, participants)
     try:
         everyone = set(range(n))
         started = time.monotonic()
@@ -291,6 +307,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         say(f"  N={n}: formed generation {generation} in {result['form_s']} s")
         result["formation_interrupts"] = _reasons(store, 1, generation)
         result["record_bytes"] = len(store.get(keys.record(generation)))  # what every member reads per change
+        result["bulk_clients"] = sorted({w.client for w in swarm.workers if w.count > 1})  # threads' or events'
         memory = swarm.memory()
         result["worker_memory_mb"] = {"per_process": per_process, "process": memory.process_mb,
                                       "participant": memory.participant_mb, "shared": memory.shared_mb}
@@ -543,7 +560,8 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generations: int | None = None) -> int:
+def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generations: int | None = None,
+                    participants: str = "threads") -> int:
     """Every size in `sizes`, then scale.json, scale.md and scale.png in `out`; exit 1 when a target is missed."""
     out.mkdir(parents=True, exist_ok=True)
     repetitions = 3 if quick else 10
@@ -560,6 +578,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
                 # The store's memory over many generations is measured at the smallest size (fast advances).
                 results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,
                                         window_s=12.0, step_s=2.0, per_process=count, log=log,
+                                        participants=participants,
                                         say=lambda text: print(text, flush=True)))
             except DoesNotFit as exc:
                 print(f"N={n}: not measured: {exc}", flush=True)
@@ -568,7 +587,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
                 print(f"N={n}: not measured: the run failed: {exc}", flush=True)
                 results.append({"participants": n, "not_measured": f"the run failed: {exc}"})
             if "advance_s" in results[-1]:  # what this machine allows any protocol at this size (chaos.scale_floor)
-                results[-1]["floor_s"] = _floor(n, count, repetitions, results[-1]["record_bytes"])
+                results[-1]["floor_s"] = _floor(n, count, repetitions, results[-1]["record_bytes"], participants)
             if "worker_memory_mb" in results[-1]:  # the next size is planned on what this one measured
                 m = results[-1]["worker_memory_mb"]
                 memory = WorkerMemory(m["process"], m["participant"], m["shared"])
@@ -581,12 +600,14 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
     return 1 if misses else 0
 
 
-def _floor(n: int, per_process: int, repetitions: int, record_bytes: int) -> dict[str, Any]:
-    """Every floor of an advance among n bare clients (chaos.scale_floor.VARIANTS); one not measured says why."""
+def _floor(n: int, per_process: int, repetitions: int, record_bytes: int, participants: str) -> dict[str, Any]:
+    """Every floor of an advance among n bare clients (chaos.scale_floor.VARIANTS), run as the participants were
+    (threads or events); one not measured says why."""
     floors: dict[str, Any] = {}
     for variant in scale_floor.VARIANTS:
         try:
-            floors[variant] = scale_floor.measure(n, per_process, repetitions, record_bytes, variant)
+            floors[variant] = scale_floor.measure(n, per_process, repetitions, record_bytes, variant,
+                                                  participants=participants)
             print(f"  N={n}: floor, {variant}: {floors[variant]}", flush=True)
         except (RuntimeError, TimeoutError, OSError) as exc:
             floors[variant] = {"not_measured": str(exc)}

@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: no c10d socket chatter
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -168,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--generations", type=int, default=None,
                        help="with --scale: back-to-back generation changes at the smallest size, to measure the "
                             "store's memory (default 1000; --quick: 100; 0: skip)")
+    bench.add_argument("--participants", choices=("threads", "events"), default="threads",
+                       help="with --scale: how the simulated participants run: threads (each participant's threads are "
+                            "real threads, many participants to a process; the default) or events (the same code, its "
+                            "threads greenlets of one event loop per process, its store clients pure Python: on a "
+                            "machine of few cores it measures more of the store and the leader, less of the kernel "
+                            "switching thousands of threads; needs gevent: pip install gevent)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args(argv)
 
@@ -217,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                 default = [64, 256] if args.quick else list(DEFAULT_SIZES)
                 if args.generations is not None and args.generations < 0:
                     parser.error(f"--generations {args.generations}: give 0 (skip) or more")
-                return run_scale_bench(args.out, args.sizes or default, quick=args.quick, generations=args.generations)
+                if args.participants == "events" and importlib.util.find_spec("gevent") is None:
+                    parser.error("--participants events runs the simulated participants on gevent's event loop, and "
+                                 "gevent is not installed here: pip install gevent (or the [scale] extra: pip install "
+                                 "-e '.[scale]'), or leave --participants at threads")
+                return run_scale_bench(args.out, args.sizes or default, quick=args.quick, generations=args.generations,
+                                       participants=args.participants)
             if args.only == "heal":
                 from chaos.bench_heal import run_heal_bench
 

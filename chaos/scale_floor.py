@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -83,7 +84,8 @@ def _counted(store: Any, variant: str, round_: int) -> int:
     return (get_or_none(store, _key(variant, round_, "joiners")) or b"").count(b"\n")
 
 
-def worker(argv: list[str] | None = None) -> int:
+def worker(argv: list[str] | None = None, client: Callable[[str], Any] = connect) -> int:
+    """`client(address)`: a connected store client (torch's; chaos.scale_worker_events gives its own)."""
     parser = argparse.ArgumentParser(prog="python -m chaos.scale_floor", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="host:port of the store")
     parser.add_argument("--count", type=int, required=True, help="bare participants in this process")
@@ -93,7 +95,7 @@ def worker(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, required=True, help="participants in all (an address key's size)")
     args = parser.parse_args(argv)
     raise_open_files()
-    clients = [connect(args.store) for _ in range(args.count)]
+    clients = [client(args.store) for _ in range(args.count)]
     ends_of = [[0.0] * args.rounds for _ in clients]
     threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i,
                                                                    args.members),
@@ -110,15 +112,18 @@ def worker(argv: list[str] | None = None) -> int:
 
 
 def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: str,
-            timeout_s: float = 120.0) -> dict[str, Any]:
+            timeout_s: float = 120.0, participants: str = "threads") -> dict[str, Any]:
     """The floor of an advance among `n` bare participants, `per_process` to a process: a summary of the rounds'
-    times from the interrupt until the last participant finished."""
+    times from the interrupt until the last participant finished. `participants`: "threads" (a thread and torch's
+    client each) or "events" (a greenlet and chaos.wire_store's client each: chaos.scale_worker_events), as the
+    simulated participants it is the floor of."""
     server = StoreProcess.start("127.0.0.1", 0, own_session=True)
     store = connect(server.address)
     workers: list[_Worker] = []
     try:
         for first in range(0, n, per_process):
-            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), n, variant, rounds))
+            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), n, variant, rounds,
+                                         participants))
         for worker in workers:
             worker.expect("ready", timeout_s)
         record = b"r" * record_bytes
@@ -156,9 +161,11 @@ class _Worker:
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
-    def spawn(cls, address: str, first: int, count: int, members: int, variant: str, rounds: int) -> _Worker:
+    def spawn(cls, address: str, first: int, count: int, members: int, variant: str, rounds: int,
+              participants: str = "threads") -> _Worker:
+        entry = ["chaos.scale_floor"] if participants == "threads" else ["chaos.scale_worker_events", "floor"]
         return cls(subprocess.Popen(
-            [sys.executable, "-m", "chaos.scale_floor", "--store", address, "--count", str(count),
+            [sys.executable, "-m", *entry, "--store", address, "--count", str(count),
              "--first", str(first), "--members", str(members), "--variant", variant, "--rounds", str(rounds)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True))
 

@@ -71,7 +71,12 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
               + ", ".join(f"{k} {v}" for k, v in r["requests_per_advance"].items()) + ")" + _floor_line(r)
               for r in results]
     verdict = "every target met" if not misses else "missed: " + "; ".join(misses)
-    return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n" + head + "\n".join(lines)
+    run_as = sorted({r.get("run_as", "threads") for r in results}) or ["threads"]
+    said = {"threads": "threads (each participant's threads real threads, many participants to a process)",
+            "events": "events (the bulk's participants on one event loop per process: chaos.scale_worker_events)"}
+    return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n"
+            + "Participants run as: " + "; ".join(said.get(name, name) for name in run_as) + "\n\n"
+            + head + "\n".join(lines)
             + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases)
             + "\n\nSlow changes (stragglers, and changes nobody asked for):\n"
             + ("\n".join(line for r in results for line in _slow_lines(r)) or "- none")
@@ -114,7 +119,7 @@ def _floor_line(result: dict[str, Any]) -> str:
     return (f". The same number of bare store clients, laid out alike with no ftcoord logic (chaos.scale_floor): "
             f"{said('least')} to hear an interrupt, be counted and hear a decision; {said('critical_path')} with "
             f"ftcoord's critical-path requests; {said('every_request')} with every request an advance costs, from "
-            f"one thread each")
+            + ("one greenlet each" if result.get("run_as") == "events" else "one thread each"))
 
 
 def _floor_said(result: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
 from ftcoord.log import configure
 from ftcoord.participant import Participant
+from ftcoord.store_link import StoreLink
 from ftcoord.store_main import raise_open_files
 
 _OUT: queue.SimpleQueue[dict[str, object] | None] = queue.SimpleQueue()
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     freeze_startup_objects()
     CollectorPauses()
     emit("started", first=args.first, count=args.count, start_s=round(time.monotonic() - started, 3),
+         client=StoreLink.open_client.__qualname__,
          incarnations={r.p.slot: r.p.incarnation for r in ranks})
     for rank in ranks:
         rank.thread.start()

@@ -122,8 +122,25 @@ class _Connection:
     session: int
 
 
+def tcpstore_client(address: StoreAddress, timeout: float) -> dist.TCPStore:
+    """torch's TCPStore client, connected within `timeout` seconds: what every link opens, unless told otherwise."""
+    return dist.TCPStore(address.host, address.port, is_master=False, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False)
+
+
+def _prefixed(raw: Any, prefix: str) -> dist.Store:
+    """The job's view of a client: torch's PrefixStore, or a client's own (chaos.wire_store)."""
+    own = getattr(raw, "prefixed", None)
+    return own(prefix) if own is not None else dist.PrefixStore(prefix, raw)
+
+
 class StoreLink:
     """One process's access to one job's store: makes the clients, reconnects them, watches them."""
+
+    open_client: Callable[[StoreAddress, float], Any] = staticmethod(tcpstore_client)
+    """How a link opens a client: (address, timeout) -> a connected client with the dist.Store operations. A
+    process of `chaos bench --scale`'s event-loop participants opens chaos.wire_store's instead (torch's blocks in
+    C++, where no event loop switches away); the same requests either way."""
 
     def __init__(self, address: StoreAddress | str, job_id: str, *, connect_timeout: float = 30.0,
                  store_timeout: float = 300.0, op_timeout: float = 10.0, known: Instance | None = None,
@@ -228,13 +245,12 @@ class StoreLink:
             before = group_sockets.open_sockets()
             token = self.calls.watch(timeout + self.op_timeout, None, before)
             try:
-                raw = dist.TCPStore(self.address.host, self.address.port, is_master=False,
-                                    timeout=timedelta(seconds=timeout), wait_for_workers=False)
+                raw = StoreLink.open_client(self.address, timeout)
             finally:
                 self.calls.unwatch(token)
             sockets = self._store_sockets(before)
         raw.set_timeout(timedelta(seconds=300))
-        view: dist.Store = dist.PrefixStore(f"{KEY_PREFIX}/{self.job_id}", raw) if prefixed else raw
+        view: dist.Store = _prefixed(raw, f"{KEY_PREFIX}/{self.job_id}") if prefixed else raw
         return _Connection(raw, view, sockets, self._session)
 
     def _store_sockets(self, before: dict[int, str]) -> dict[int, str]:

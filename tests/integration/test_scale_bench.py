@@ -103,3 +103,45 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
         finally:
             swarm.close()
             server.stop()
+
+
+def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tmp_path: Path) -> None:
+    """`--participants events` runs the same ftcoord code on greenlets with chaos.wire_store's clients: its bulk
+    workers say so once started, and a participant's requests per advance, operation by operation, are those of
+    participants that run on threads (a drift would mean the bench measures some other protocol). The leader's
+    share is left out: what it deletes per advance depends on when the old generations' members all arrived."""
+    from chaos.bench_scale import run_size
+
+    results = {}
+    with (tmp_path / "workers.log").open("w") as log:
+        for participants in ("threads", "events"):
+            results[participants] = run_size(12, repetitions=4, generations=0, window_s=3.0, step_s=2.0,
+                                             per_process=5, log=log, say=lambda text: None,
+                                             participants=participants)
+    for participants, result in results.items():
+        assert result["run_as"] == participants
+        assert result["false_positives"] == 0 and not result["problems"], (participants, result["problems"])
+        assert result["advance_s"]["median"] > 0, (participants, result["advance_s"])
+    assert results["events"]["bulk_clients"] == ["WireStore.connect"], results["events"]["bulk_clients"]
+    assert results["threads"]["bulk_clients"] == ["tcpstore_client"], results["threads"]["bulk_clients"]
+    threads, events = (
+        {op: n for op, n in results[p]["requests_per_advance"].items() if op.split("/")[0] in ("trainer", "monitor")}
+        for p in ("threads", "events"))
+    assert threads.get("trainer/append", 0) >= 0.9, threads
+    for op in sorted(set(threads) | set(events)):
+        assert abs(threads.get(op, 0.0) - events.get(op, 0.0)) <= 0.25, (op, threads, events)
+
+
+def test_event_loop_participants_without_gevent_get_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from chaos import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gevent" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--scale", "--sizes", "64", "--participants", "events", "--out", "/nonexistent/never"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "gevent is not installed" in err and "pip install gevent" in err and "--participants at threads" in err

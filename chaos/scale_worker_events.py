@@ -1,0 +1,46 @@
+"""`python -m chaos.scale_worker_events`: chaos.scale_worker's simulated participants, on one event loop per process.
+
+What `chaos bench --scale --participants events` runs for the bulk of its participants (the leader and the two
+kill victims stay processes of threads). Each participant is ftcoord's own code, unchanged: its heartbeat, leader
+duty, interrupt watch, helper watch and trainer are greenlets (gevent's monkey patching: threads, locks, events,
+sleeps and sockets become cooperative), and every store client is chaos.wire_store's, which sends what torch's
+client sends. What it saves is the machine's, not the protocol's: a thread woken by the kernel, with its own
+interpreter lock hand-over, costs more CPU than a greenlet switched to, so on 2 shared cores the figures come
+nearer to what the store and the leader take, which is what a job of thousands of hosts shares. What it changes:
+a greenlet that computes holds its whole process up (a thread would be preempted), and a participant's heartbeat
+waits its turn behind its process's other participants, as its thread waited for the interpreter lock. A
+straggler's report (chaos.bench_scale) shows no stacks for these participants: the interpreter sees one thread.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()  # before anything imports threading, socket or time's users
+
+import sys  # noqa: E402
+
+from gevent.fileobject import FileObjectPosix  # noqa: E402
+
+from chaos import scale_floor, scale_worker  # noqa: E402
+from chaos.wire_store import WireStore  # noqa: E402
+from ftcoord.address import StoreAddress  # noqa: E402
+from ftcoord.store_link import StoreLink  # noqa: E402
+
+_CONNECT_S = 30.0  # a floor client's connection (torch's, in the floor's threads: ftcoord.store.connect's deadline)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Simulated participants (chaos.scale_worker's arguments); after "floor", the floor's bare clients
+    (chaos.scale_floor's)."""
+    argv = sys.argv[1:] if argv is None else argv
+    # The driver's pipes, read and written without blocking the loop (a full pipe would stop every participant).
+    sys.stdin = FileObjectPosix(sys.stdin.fileno(), "r", close=False)
+    sys.stdout = FileObjectPosix(sys.stdout.fileno(), "w", close=False)
+    if argv[:1] == ["floor"]:
+        return scale_floor.worker(argv[1:], client=lambda address: WireStore.connect(StoreAddress.parse(address),
+                                                                                    _CONNECT_S))
+    StoreLink.open_client = staticmethod(WireStore.connect)
+    return scale_worker.main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""chaos.wire_store: the pure-Python TCPStore client sends what torch's client sends, and gets the same answers.
+
+Both clients talk to a real store server through a proxy that records every byte a client sends; the same
+operations must produce the same bytes (the event-loop participants of `chaos bench --scale` would otherwise measure
+a protocol of their own) and the same results. Then the client under a StoreLink: a call cut from another thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from chaos.wire_store import WireStore
+from ftcoord.address import StoreAddress
+from ftcoord.server import StoreProcess
+from ftcoord.store_link import StoreLink, is_connection_failure, tcpstore_client
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class RecordingProxy:
+    """Forwards one connection at a time to the server; keeps what each client sent."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self._upstream = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = StoreAddress("127.0.0.1", self._listener.getsockname()[1])
+        self.sent: list[bytearray] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._upstream)
+            record = bytearray()
+            self.sent.append(record)
+            threading.Thread(target=self._pass, args=(client, server, record), daemon=True).start()
+            threading.Thread(target=self._pass, args=(server, client, None), daemon=True).start()
+
+    @staticmethod
+    def _pass(source: socket.socket, sink: socket.socket, record: bytearray | None) -> None:
+        try:
+            while data := source.recv(65536):
+                if record is not None:
+                    record += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.fixture
+def server() -> Any:
+    process = StoreProcess.start("127.0.0.1", 0, own_session=True)
+    yield process
+    process.stop()
+
+
+def _operations(raw: Any, prefixed: Any, tag: str) -> list[Any]:
+    """Every operation ftcoord uses, on the client itself and on a job's prefixed view of it."""
+    answers: list[Any] = []
+    for store in (raw, prefixed):
+        store.set(f"{tag}/a", b"one")
+        store.set(f"{tag}/text", "two")
+        answers.append(store.get(f"{tag}/a"))
+        answers.append(store.add(f"{tag}/n", 3))
+        answers.append(store.add(f"{tag}/n", -1))
+        store.append(f"{tag}/lines", "x\n")
+        store.append(f"{tag}/lines", b"y\n")
+        answers.append(store.get(f"{tag}/lines"))
+        answers.append(store.compare_set(f"{tag}/cs", "", "first"))
+        answers.append(store.compare_set(f"{tag}/cs", "", "second"))
+        answers.append(store.compare_set(f"{tag}/cs", "first", "third"))
+        answers.append(store.compare_set(f"{tag}/absent", "\0never", "\0never"))  # ftcoord.store.get_or_none
+        answers.append(store.check([f"{tag}/a", f"{tag}/text"]))
+        answers.append(store.check([f"{tag}/a", f"{tag}/missing"]))
+        answers.append(store.multi_get([f"{tag}/a", f"{tag}/text"]))
+        try:
+            store.wait([f"{tag}/missing"], timedelta(milliseconds=100))
+            answers.append("no timeout")
+        except dist.DistStoreError:
+            answers.append("timed out")
+        store.wait([f"{tag}/a"], timedelta(seconds=5))
+        answers.append(store.delete_key(f"{tag}/a"))
+        answers.append(store.delete_key(f"{tag}/a"))
+    answers.append(raw.num_keys() > 0)
+    return answers
+
+
+def _run(proxy: RecordingProxy, client: Callable[[], Any], prefix: Callable[[Any], Any]) -> tuple[list[Any], bytes]:
+    before = len(proxy.sent)
+    raw = client()
+    answers = _operations(raw, prefix(raw), "k")
+    deadline = time.monotonic() + 5
+    while len(proxy.sent) <= before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    raw.num_keys()  # answered: every request before it has reached the server, and the proxy's record
+    return answers, bytes(proxy.sent[before])
+
+
+def test_the_wire_client_sends_byte_for_byte_what_torchs_client_sends() -> None:
+    """Each client on a server of its own (the same answers need the same state), through a recording proxy."""
+    sent = {}
+    for name, client, prefix in (
+            ("torch", tcpstore_client, lambda raw: dist.PrefixStore("ftcoord/job", raw)),
+            ("wire", WireStore.connect, lambda raw: raw.prefixed("ftcoord/job"))):
+        server = StoreProcess.start("127.0.0.1", 0, own_session=True)
+        proxy = RecordingProxy(server.address)
+        try:
+            sent[name] = _run(proxy, lambda c=client, p=proxy: c(p.address, 5.0), prefix)
+        finally:
+            proxy.close()
+            server.stop()
+    assert sent["wire"][0] == sent["torch"][0]  # the answers
+    assert len(sent["torch"][1]) > 500
+    assert sent["wire"][1] == sent["torch"][1]  # the requests, the connection's opening included
+
+
+def test_a_wire_client_sees_what_torchs_client_wrote(server: Any) -> None:
+    address = StoreAddress.parse(server.address)
+    theirs, ours = tcpstore_client(address, 5.0), WireStore.connect(address, 5.0)
+    theirs.set("shared", b"\x00\xffbinary")
+    assert ours.get("shared") == b"\x00\xffbinary"
+    ours.set("back", "from the wire")
+    assert theirs.get("back") == b"from the wire"
+    assert ours.add("count", 2) == 2 and theirs.add("count", 1) == 3
+    big = b"r" * 300_000  # a record of thousands of members: more than one read
+    theirs.set("big", big)
+    assert ours.get("big") == big
+
+
+def test_a_linked_call_on_a_wire_client_is_cut_from_another_thread(server: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LinkedStore closed while its thread waits in the store: the wait ends at once (the call watch and close()
+    shut the client's socket down; the wire client must notice, as torch's does, and not reconnect)."""
+    monkeypatch.setattr(StoreLink, "open_client", staticmethod(WireStore.connect))
+    link = StoreLink(server.address, "wirejob", op_timeout=2.0, may_start_job=True)
+    client = link.connect()
+    assert isinstance(client.view(), WireStore)
+    outcome: list[BaseException] = []
+
+    def wait_long() -> None:
+        try:
+            client.wait(["never"], timedelta(seconds=30))
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait_long)
+    waiter.start()
+    time.sleep(0.3)  # let the wait reach the server (nothing to poll for: it is blocked in recv)
+    started = time.monotonic()
+    client.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert time.monotonic() - started < 2.0
+    assert outcome and is_connection_failure(outcome[0]), outcome  # as with torch's client: no reconnection
+    link.close()
