@@ -57,7 +57,10 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     in a newer generation; and back at the target world size).
 
     A detection belongs to a fault only when it came before the next fault of a later step (faults of
-    one step are one incident): a pause ridden through has neither detection nor recovery."""
+    one step are one incident): a pause ridden through has neither detection nor recovery. A pause that came while
+    the job was re-forming for an earlier fault has no interrupt of its own either, but was not ridden through when
+    the paused process committed nothing after it (left out of the re-form, replaced): its recovery is timed, and
+    its note says so (seen: a hang 17 ms after another rank's raise cost the re-form a heartbeat timeout)."""
     interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
@@ -68,12 +71,23 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
         recover = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen), None)
         full = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen
                      and r["world_size"] == target_world_size), None)
-        if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS):  # ridden through: nothing to recover from
-            recover = full = None
+        note = fault.get("note", "")
+        if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS):
+            if fault["kind"] in STOP_KINDS and recover is not None and _never_again(fault, steps):
+                note = (f"{note}; " if note else "") + ("no interrupt of its own: the re-form under way when it "
+                                                        "paused left it out")
+            else:  # ridden through: nothing to recover from
+                recover = full = None
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),
-                      "note": fault.get("note", "")})
+                      "note": note})
     return timed
+
+
+def _never_again(fault: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """The faulted process committed no step after the fault (it was left out, fenced, replaced)."""
+    pid = fault.get("pid")
+    return pid is not None and not any(r.get("pid") == pid and r["mono"] >= fault["mono"] for r in steps)
 
 
 def divergence(run_loss: list[float], ref_loss: list[float], run_params: Path, ref_params: Path) -> dict[str, Any]:
