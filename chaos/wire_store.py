@@ -63,20 +63,20 @@ class WireStore:
     def connect(cls, address: StoreAddress, timeout: float) -> WireStore:
         """A validated connection to the server at `address` (OSError when nothing answers within `timeout`)."""
         sock = socket.create_connection((address.host, address.port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        store = cls(sock)
-        store._send(VALIDATE, _U32.pack(MAGIC))
-        nonce = os.getpid() & 0xFFFFFFFF  # torch's client pings with its pid once connected, and checks the echo
-        store._send(PING, _U32.pack(nonce))
-        sock.settimeout(timeout)
         try:
-            echo = _U32.unpack(store._take(4))[0]
-        finally:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            store = cls(sock)
+            store._send(VALIDATE, _U32.pack(MAGIC))
+            nonce = os.getpid() & 0xFFFFFFFF  # torch's client pings with its pid once connected, and checks the echo
+            store._send(PING, _U32.pack(nonce))
+            echo = _U32.unpack(store._take(4))[0]  # within `timeout` (the socket's): a hung server is not waited for
+            if echo != nonce:
+                raise dist.DistNetworkError(f"the store at {address} answered a ping with {echo}, not {nonce}")
             sock.settimeout(None)
-        if echo != nonce:
+            return store
+        except BaseException:
             sock.close()
-            raise dist.DistNetworkError(f"the store at {address} answered a ping with {echo}, not {nonce}")
-        return store
+            raise
 
     def prefixed(self, prefix: str) -> WireStore:
         """A view whose keys are `prefix`/key (torch's PrefixStore), on this connection."""
@@ -107,7 +107,7 @@ class WireStore:
         buffer = self._owner._buffer
         sock = self._sock
         if timeout is not None:
-            sock.settimeout(max(timeout, 0.0))
+            sock.settimeout(max(timeout, 0.001))  # 0 would make the socket non-blocking, not a timed wait
         try:
             chunk = sock.recv(1 << 16)
         except TimeoutError:
@@ -125,7 +125,8 @@ class WireStore:
     def _take(self, n: int) -> bytes:
         buffer = self._owner._buffer
         while len(buffer) < n:
-            self._fill(None)
+            if not self._fill(None):  # only while connecting, with the socket's timeout set
+                raise dist.DistNetworkError("the store did not answer in time")
         data = bytes(buffer[:n])
         del buffer[:n]
         return data

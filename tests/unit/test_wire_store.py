@@ -172,3 +172,16 @@ def test_a_linked_call_on_a_wire_client_is_cut_from_another_thread(server: Any,
     assert time.monotonic() - started < 2.0
     assert outcome and is_connection_failure(outcome[0]), outcome  # as with torch's client: no reconnection
     link.close()
+
+
+def test_a_connection_to_a_server_that_never_answers_fails_within_its_timeout() -> None:
+    """Something listens but answers nothing (a hung store): the connection's ping is not waited for past `timeout`,
+    and the failure is a connection failure (a StoreLink retries it, as it retries torch's)."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        started = time.monotonic()
+        with pytest.raises(dist.DistNetworkError, match="did not answer"):
+            WireStore.connect(StoreAddress("127.0.0.1", silent.getsockname()[1]), 0.5)
+        assert time.monotonic() - started < 3.0
+    finally:
+        silent.close()
