@@ -59,8 +59,9 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     A detection belongs to a fault only when it came before the next fault of a later step (faults of
     one step are one incident): a pause ridden through has neither detection nor recovery. A pause that came while
     the job was re-forming for an earlier fault has no interrupt of its own either, but was not ridden through when
-    the paused process committed nothing after it (left out of the re-form, replaced): its recovery is timed, and
-    its note says so (seen: a hang 17 ms after another rank's raise cost the re-form a heartbeat timeout)."""
+    the paused process trained before it and committed nothing after it (left out of the re-form, replaced): its
+    recovery is timed, and its note says so (seen: a hang 17 ms after another rank's raise cost the re-form a
+    heartbeat timeout). A hot spare paused trained neither before nor after: nothing to recover from."""
     interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
@@ -73,7 +74,7 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
                      and r["world_size"] == target_world_size), None)
         note = fault.get("note", "")
         if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS):
-            if fault["kind"] in STOP_KINDS and recover is not None and _never_again(fault, steps):
+            if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
                 note = (f"{note}; " if note else "") + ("no interrupt of its own: the re-form under way when it "
                                                         "paused left it out")
             else:  # ridden through: nothing to recover from
@@ -84,10 +85,12 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     return timed
 
 
-def _never_again(fault: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
-    """The faulted process committed no step after the fault (it was left out, fenced, replaced)."""
-    pid = fault.get("pid")
-    return pid is not None and not any(r.get("pid") == pid and r["mono"] >= fault["mono"] for r in steps)
+def _left_out(fault: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """The faulted process trained before the fault and committed no step after it (it was left out, fenced,
+    replaced). A hot spare paused trained neither before nor after: it is not one."""
+    pid, t0 = fault.get("pid"), fault["mono"]
+    mine = [r["mono"] for r in steps if r.get("pid") == pid] if pid is not None else []
+    return any(t < t0 for t in mine) and not any(t >= t0 for t in mine)
 
 
 def divergence(run_loss: list[float], ref_loss: list[float], run_params: Path, ref_params: Path) -> dict[str, Any]:

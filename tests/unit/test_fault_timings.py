@@ -43,3 +43,12 @@ def test_a_pause_ridden_through_still_has_nothing_to_recover_from(tmp_path: Path
     _, hung = fault_timings(_faults(), steps, _logs(tmp_path), target_world_size=3)
     assert hung["detect_s"] is None and hung["recover_s"] is None and hung["full_recover_s"] is None
     assert hung["note"] == ""
+
+
+def test_a_hot_spare_paused_is_not_taken_for_a_member_left_out(tmp_path: Path) -> None:
+    """A spare commits no step before its pause or after it (the bundled `pause` scenario's first fault): it was never
+    in a re-form to be left out of, and a later generation's first step is not its recovery."""
+    spare = {"kind": "pause", "slot": 100000, "step": 5, "mono": 100.0, "pid": 99, "generation": 1}
+    steps = [_step(99.9, 1, pid) for pid in (10, 11, 12)] + [_step(110.3, 2, pid) for pid in (10, 11, 12)]
+    (timed,) = fault_timings([spare], steps, tmp_path, target_world_size=3)
+    assert timed["recover_s"] is None and timed["note"] == ""
