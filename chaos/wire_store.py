@@ -167,7 +167,7 @@ class WireStore:
     def wait(self, names: Sequence[str], timeout: timedelta | None = None) -> None:
         """Until every key exists; DistStoreError after `timeout` (the client's own when None), as torch's."""
         self._send(WAIT, self._keys(names))
-        limit = (timeout or self.timeout).total_seconds()
+        limit = (timeout if timeout is not None else self.timeout).total_seconds()
         if not self._owner._buffer and not self._fill(limit):
             self._send(CANCEL_WAIT)
             if self._take(1)[0] != _WAIT_CANCELED:  # the wait ended as it was cancelled: its answer comes first

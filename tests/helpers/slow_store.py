@@ -2,7 +2,8 @@
 
 SIGSTOP makes a store silent (it answers nothing); a queue longer than op_timeout (thousands of clients at once, a
 host starved of CPU) makes one slow: every answer comes, late. This proxy makes the second kind on demand: every
-byte the server sends reaches its client `delay()` seconds later, in order; requests pass at once.
+byte the server sends reaches its client `delay()` seconds later, in order; requests pass at once. It also keeps
+every byte each connection's client sent (`sent`): what a client puts on the wire (tests/unit/test_wire_store.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class SlowProxy:
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
+        self.sent: list[bytearray] = []
+        """What each connection's client sent, in the order the connections were accepted."""
         threading.Thread(target=self._accept, name="slow-proxy-accept", daemon=True).start()
 
     def slow_down(self, to: float, over: float) -> None:
@@ -54,15 +57,18 @@ class SlowProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sockets += [client, server]
             held: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-            threading.Thread(target=self._pass, args=(client, server), daemon=True).start()
+            sent = bytearray()
+            self.sent.append(sent)
+            threading.Thread(target=self._pass, args=(client, server, sent), daemon=True).start()
             threading.Thread(target=self._hold, args=(server, held), daemon=True).start()
             threading.Thread(target=self._release, args=(held, client, server), daemon=True).start()
 
     @staticmethod
-    def _pass(source: socket.socket, sink: socket.socket) -> None:
-        """Requests: at once."""
+    def _pass(source: socket.socket, sink: socket.socket, sent: bytearray) -> None:
+        """Requests: at once (and kept)."""
         try:
             while data := source.recv(65536):
+                sent += data
                 sink.sendall(data)
         except OSError:
             pass

@@ -20,50 +20,9 @@ from chaos.wire_store import WireStore
 from ftcoord.address import StoreAddress
 from ftcoord.server import StoreProcess
 from ftcoord.store_link import StoreLink, is_connection_failure, tcpstore_client
+from tests.helpers.slow_store import SlowProxy
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class RecordingProxy:
-    """Forwards one connection at a time to the server; keeps what each client sent."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.rsplit(":", 1)
-        self._upstream = (host, int(port))
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = StoreAddress("127.0.0.1", self._listener.getsockname()[1])
-        self.sent: list[bytearray] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self._upstream)
-            record = bytearray()
-            self.sent.append(record)
-            threading.Thread(target=self._pass, args=(client, server, record), daemon=True).start()
-            threading.Thread(target=self._pass, args=(server, client, None), daemon=True).start()
-
-    @staticmethod
-    def _pass(source: socket.socket, sink: socket.socket, record: bytearray | None) -> None:
-        try:
-            while data := source.recv(65536):
-                if record is not None:
-                    record += data
-                sink.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self._listener.close()
 
 
 @pytest.fixture
@@ -104,13 +63,10 @@ def _operations(raw: Any, prefixed: Any, tag: str) -> list[Any]:
     return answers
 
 
-def _run(proxy: RecordingProxy, client: Callable[[], Any], prefix: Callable[[Any], Any]) -> tuple[list[Any], bytes]:
+def _run(proxy: SlowProxy, client: Callable[[], Any], prefix: Callable[[Any], Any]) -> tuple[list[Any], bytes]:
     before = len(proxy.sent)
-    raw = client()
+    raw = client()  # answered through the proxy: its connection, and what it sent, are recorded already
     answers = _operations(raw, prefix(raw), "k")
-    deadline = time.monotonic() + 5
-    while len(proxy.sent) <= before and time.monotonic() < deadline:
-        time.sleep(0.01)
     raw.num_keys()  # answered: every request before it has reached the server, and the proxy's record
     return answers, bytes(proxy.sent[before])
 
@@ -122,9 +78,9 @@ def test_the_wire_client_sends_byte_for_byte_what_torchs_client_sends() -> None:
             ("torch", tcpstore_client, lambda raw: dist.PrefixStore("ftcoord/job", raw)),
             ("wire", WireStore.connect, lambda raw: raw.prefixed("ftcoord/job"))):
         server = StoreProcess.start("127.0.0.1", 0, own_session=True)
-        proxy = RecordingProxy(server.address)
+        proxy = SlowProxy(server.address)  # with no delay: a proxy that keeps what each client sent
         try:
-            sent[name] = _run(proxy, lambda c=client, p=proxy: c(p.address, 5.0), prefix)
+            sent[name] = _run(proxy, lambda c=client, p=proxy: c(StoreAddress.parse(p.address), 5.0), prefix)
         finally:
             proxy.close()
             server.stop()
