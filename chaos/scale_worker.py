@@ -44,11 +44,17 @@ def emit(event: str, **facts: object) -> None:
 
 
 def _write_events() -> None:
-    while (message := _OUT.get()) is not None:
-        sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
-        if _OUT.empty():
-            sys.stdout.flush()
-    sys.stdout.flush()
+    """Everything queued, in one write (an advance queues a line per participant at once: one write each was 8% of
+    an event-loop worker's CPU in an advance at 1,024)."""
+    while True:
+        batch = [_OUT.get()]
+        while not _OUT.empty():
+            batch.append(_OUT.get())
+        lines = [json.dumps(message, separators=(",", ":")) + "\n" for message in batch if message is not None]
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
+        if None in batch:
+            return
 
 
 class SimulatedRank:

@@ -38,7 +38,7 @@ class Cadence:
         if rank is None:
             self.deputy = False
             return
-        leader = record.members.index(record.leader) if record.leader in record.members else 0
+        leader = record.rank_of_member(record.leader) or 0  # a lookup, not a scan of thousands of members
         self.deputy = record.world_size <= 3 or (rank - leader) % record.world_size in (1, 2)
 
     def hurry(self, urgent: bool) -> bool:

@@ -116,7 +116,7 @@ class GenerationClient:
             rank = record.rank_of(self.slot, self.incarnation)
             if rank is not None:
                 self._log.info("generation_joined", generation=generation, rank=rank,
-                               world_size=record.world_size, members=list(record.members))
+                               world_size=record.world_size, members=record.members)  # no copy for a log filtered out
                 return record
             self._log.info("generation_left_out", generation=generation,
                            spare=record.was_considered(self.slot, self.incarnation))

@@ -58,6 +58,7 @@ from ftcoord.decisions import (
     current_generation,
     mark_ended,
     next_generation,
+    parse_announcements,
     read_announcements,
     read_record,
 )
@@ -292,21 +293,24 @@ class LeaderDuty:
         return self._follow_rejoin(generation, facts, read_at, record, current)
 
     def _open_next(self, generation: int, facts: dict[int, SlotFacts], read_at: float,
-                   record: GenerationRecord | None, current: int, fresh: bool = True) -> bool:
+                   record: GenerationRecord | None, current: int, fresh: bool = True,
+                   polled: bytes | None = None) -> bool:
         """Generation `generation` may be decided: the current one ended (or never began). True when the job ended.
-        `fresh`: this round's reads are from after the current generation ended (else, from before)."""
+        `fresh`: this round's reads are from after the current generation ended (else, from before). `polled`: the
+        announcements a poll just read (_await_joiners), rather than read again."""
         if self._store.check([keys.DONE]) or self._store.check([keys.FATAL]):
             mark_ended(self._store, generation)  # its joiners (members after a fatal error, spares) wake now
             return True
         running = record is not None and record.failed is None and any(
             m in facts and self._judge.alive(facts[m], i)
             for m, i in zip(record.members, record.incarnations, strict=True))
-        if self._maybe_decide(generation, facts, read_at, running, record, current, fresh):
+        if self._maybe_decide(generation, facts, read_at, running, record, current, fresh, polled):
             return False  # decided: look again at once
-        if self._await_joiners(generation, self._expecting) and not self._paused_since(read_at):
+        polled = self._await_joiners(generation, self._expecting)
+        if polled is not None and not self._paused_since(read_at):
             # Everyone it waited for announced: decide on what this round read (a tick old at most), rather than
             # read every slot again first (at 1,024 participants, ~40 ms on the critical path: issue 17).
-            self._maybe_decide(generation, facts, read_at, running, record, current, fresh=False)
+            self._maybe_decide(generation, facts, read_at, running, record, current, fresh=False, polled=polled)
         return False
 
     def _follow_rejoin(self, generation: int, facts: dict[int, SlotFacts], read_at: float,
@@ -320,12 +324,14 @@ class LeaderDuty:
         left_out = left_out_by(record)
         alive = sum(1 for slot, fact in facts.items()
                     if self._judge.alive(fact) and left_out.get(slot) != fact.incarnation)
-        everyone = not self._paused_since(read_at) and self._await_joiners(generation, alive, stall_s=_STALL_S)
+        polled = None if self._paused_since(read_at) else self._await_joiners(generation, alive, stall_s=_STALL_S)
         if not self._store.check([keys.interrupt(current)]):
             self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.wait_for_key)
             return False
         self._interrupted = current
-        return self._open_next(generation, facts, read_at, record, current, fresh=False) if everyone else False
+        if polled is None:
+            return False
+        return self._open_next(generation, facts, read_at, record, current, fresh=False, polled=polled)
 
     def _record(self, generation: int) -> GenerationRecord | None:
         """A decided generation's record, read once (records never change)."""
@@ -337,11 +343,11 @@ class LeaderDuty:
             self._records[generation] = record
         return self._records[generation]
 
-    def _await_joiners(self, generation: int, expecting: int, stall_s: float | None = None) -> bool:
-        """Poll the announcements until `expecting` have announced themselves (True: everyone the last round waited
-        for; it decides at once), a probe's grace ends, a fenced process's launcher is due to have answered
-        (ftcoord.judgement), or a tick passes (a new round looks at who is alive and at the last call); see
-        ftcoord.decisions.await_announcements."""
+    def _await_joiners(self, generation: int, expecting: int, stall_s: float | None = None) -> bytes | None:
+        """Poll the announcements until `expecting` have announced themselves (everyone the last round waited for:
+        the announcements read, on which it decides at once), a probe's grace ends, a fenced process's launcher is due
+        to have answered (ftcoord.judgement), or a tick passes (a new round looks at who is alive and at the last
+        call): None; see ftcoord.decisions.await_announcements."""
         now = time.monotonic()
         until = now + min(self._judge.probe.wait_at_most(self._timing.probe_grace, self._timing.tick),
                           self._judge.until_fences_answered(now))
@@ -352,9 +358,12 @@ class LeaderDuty:
         return time.monotonic() - read_at > self._timing.heartbeat_timeout / 2
 
     def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
-                      previous: GenerationRecord | None, current: int, fresh: bool = True) -> bool:
-        """Decide `generation` when it is time (ftcoord.proposal): True when decided, or deposed meanwhile."""
-        joins, announced = read_announcements(self._store, generation)
+                      previous: GenerationRecord | None, current: int, fresh: bool = True,
+                      polled: bytes | None = None) -> bool:
+        """Decide `generation` when it is time (ftcoord.proposal): True when decided, or deposed meanwhile. `polled`:
+        its announcements, just read by a poll (else they are read now)."""
+        joins, announced = (parse_announcements(polled) if polled is not None
+                            else read_announcements(self._store, generation))
         now = time.monotonic()
         clock = self._open.setdefault(generation, OpenClock(now, now))
         proposer = Proposer(self._slot, self._term, self._policy, self._timing)

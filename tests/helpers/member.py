@@ -8,6 +8,7 @@ test sets the key `test/stop`, after which the member finishes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
                 emit("quorum_timeout", slot=args.slot, error=str(exc))
                 return 3
             emit("record", slot=args.slot, incarnation=participant.incarnation,
-                 record=json.loads(record.to_json()))
+                 record=dataclasses.asdict(record))  # plain lists (the store's text compacts them)
             while True:
                 if not args.stuck_after_join:
                     participant.heartbeat.ping()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 from ftcoord.config import QuorumPolicy
 from ftcoord.quorum import choose_members
-from ftcoord.record import GenerationRecord, JoinRequest
+from ftcoord.record import GenerationRecord, JoinRequest, compact_ints, expand_ints, shallow_fields
 
 
 def joins(*slots_steps: tuple[int, int]) -> list[JoinRequest]:
@@ -59,3 +60,58 @@ def test_a_join_request_survives_its_json_with_every_field() -> None:
     request = JoinRequest(generation=7, slot=3, incarnation=2, step=41)
     assert JoinRequest.from_json(request.to_json()) == request
     assert set(json.loads(request.to_json())) == {f.name for f in dataclasses.fields(JoinRequest)}
+
+
+def test_a_join_request_is_encoded_as_json_dumps_would() -> None:
+    """to_json spells the announcement out (the leader counts and parses its lines): the same text json.dumps gives."""
+    for request in (JoinRequest(generation=7, slot=3, incarnation=2, step=41),
+                    JoinRequest(generation=1, slot=0, incarnation=1_764_000_000_123, step=-1)):
+        expected = json.dumps(dataclasses.asdict(request), separators=(",", ":"))
+        assert request.to_json() == expected
+
+
+def test_ranks_are_looked_up_as_a_scan_of_the_members_would_find_them() -> None:
+    members = (7, 3, 12, 0, 5)
+    record = GenerationRecord(generation=2, members=members, incarnations=(1, 2, 1, 4, 1), leader=12,
+                              leader_term=1, target_world_size=5)
+    for slot in range(14):
+        scan = members.index(slot) if slot in members else None
+        assert record.rank_of_member(slot) == scan
+        for incarnation in (1, 2, 4):
+            expected = scan if scan is not None and record.incarnations[scan] == incarnation else None
+            assert record.rank_of(slot, incarnation) == expected
+
+
+def test_integer_sequences_come_back_from_their_compact_form_and_are_never_longer() -> None:
+    rng = random.Random(17)
+    for _ in range(2000):
+        n = rng.randint(0, 60)
+        shape = rng.choice(("noise", "sorted", "runs"))
+        if shape == "noise":
+            values = tuple(rng.randint(-3, 4) for _ in range(n))
+        elif shape == "sorted":
+            values = tuple(sorted(rng.sample(range(300), n)))
+        else:  # slot order with gaps, incarnations mostly alike: what records hold
+            values = tuple(v for v in range(n) if rng.random() > 0.05)
+        encoded = json.loads(json.dumps(compact_ints(values)))
+        assert expand_ints(encoded) == values, (values, encoded)
+        assert len(json.dumps(encoded)) <= len(json.dumps(list(values))) + 2 * len(encoded), (values, encoded)
+
+
+def test_a_record_of_a_thousand_members_in_slot_order_is_a_few_hundred_bytes() -> None:
+    """Every member reads the record at each advance: plain lists were 16 KB at 1,024 members (issue 17)."""
+    slots = tuple(s for s in range(1026) if s not in (17, 600))
+    record = GenerationRecord(generation=9, members=slots, incarnations=(1,) * 600 + (2,) + (1,) * 423, leader=0,
+                              leader_term=2, target_world_size=1026, heal_source=0, start_step=41,
+                              spares=(1030,), considered=tuple((s, 1) for s in (*slots, 1030)),
+                              steps=(41,) * 1023 + (-1,))
+    text = record.to_json()
+    assert len(text) < 600, text
+    assert GenerationRecord.from_json(text) == record
+
+
+def test_a_record_written_with_plain_lists_is_still_read() -> None:
+    record = GenerationRecord(generation=3, members=(0, 4, 9), incarnations=(1, 2, 1), leader=4, leader_term=1,
+                              target_world_size=3, considered=((0, 1), (4, 2), (9, 1), (11, 3)), steps=(5, 5, -1))
+    plain = json.dumps(shallow_fields(record), sort_keys=True)  # how records were written before compact_ints
+    assert GenerationRecord.from_json(plain) == record

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +40,23 @@ def test_a_participant_emits_at_once_while_the_driver_reads_nothing() -> None:
         assert took < 5.0, err
     finally:
         os.close(read_end)
+
+
+_EMIT_THEN_STOP = """
+import threading
+from chaos import scale_worker
+writer = threading.Thread(target=scale_worker._write_events)
+writer.start()
+for i in range(3000):
+    scale_worker.emit("joined", slot=i)
+scale_worker._OUT.put(None)
+writer.join(30)
+"""
+
+
+def test_every_event_reaches_the_driver_whole_and_in_order() -> None:
+    """The writer sends what is queued in one write: every line, whole, in the order emitted, up to the end."""
+    done = subprocess.run([sys.executable, "-c", _EMIT_THEN_STOP], capture_output=True, text=True, timeout=45)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [json.loads(line)["slot"] for line in lines] == list(range(3000))
