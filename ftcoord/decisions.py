@@ -112,14 +112,19 @@ def advance_current(store: dist.Store, generation: int) -> None:
             return
 
 
+def _joiners(store: dist.Store, generation: int) -> bytes:
+    """A generation's joiners key, one announcement per line (b"" before the first), in one request."""
+    return get_or_none(store, keys.joiners(generation)) or b""
+
+
 def count_announcements(store: dist.Store, generation: int) -> int:
     """How many announcements a generation's joiners key holds (one line each), in one request."""
-    return (get_or_none(store, keys.joiners(generation)) or b"").count(b"\n")
+    return _joiners(store, generation).count(b"\n")
 
 
 def read_announcements(store: dist.Store, generation: int) -> tuple[list[JoinRequest], int]:
     """The join announcements of a generation (a slot's newest incarnation wins), and how many were made."""
-    return parse_announcements(get_or_none(store, keys.joiners(generation)))
+    return parse_announcements(_joiners(store, generation))
 
 
 def parse_announcements(raw: bytes | None) -> tuple[list[JoinRequest], int]:
@@ -147,7 +152,7 @@ def await_announcements(store: dist.Store, generation: int, expecting: int, unti
     the store holds a fixed number of keys per generation whatever the job's size."""
     seen, changed = -1, time.monotonic()
     while not stop.wait(poll_s) and time.monotonic() < until:
-        raw = get_or_none(store, keys.joiners(generation)) or b""
+        raw = _joiners(store, generation)
         count = raw.count(b"\n")
         if count >= expecting:
             return raw

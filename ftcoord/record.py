@@ -43,10 +43,7 @@ def compact_ints(values: tuple[int, ...]) -> list[int] | list[list[int]]:
     runs: list[list[int]] = []
     i, n = 0, len(values)
     while i < n:
-        if i + 1 == n:
-            runs.append([values[i], 1, 0])
-            break
-        stride, j = values[i + 1] - values[i], i + 1
+        stride, j = (values[i + 1] - values[i] if i + 1 < n else 0), i
         while j + 1 < n and values[j + 1] - values[j] == stride:
             j += 1
         runs.append([values[i], j - i + 1, stride])
