@@ -8,7 +8,8 @@ few processes on this machine, so the network is loopback and every participant'
 2 cores. Per size N, the measures of issue 17:
 
 - `advance`: the current generation interrupted with everyone present, until every participant holds the
-  next record (median over repetitions of the slowest participant; and the median participant);
+  next record (median over repetitions of the slowest participant; and the median participant); each at a random
+  moment of the leader's round, as a fault comes (between_advances);
 - `reform_marked`: one participant SIGKILLed and marked dead (as its launcher does), until every survivor
   holds a record without it;
 - `detect_silent`: one SIGKILLed with nobody to mark it, until the leader interrupts the generation for its
@@ -60,6 +61,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import signal
 import statistics
 import subprocess
@@ -286,6 +288,15 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def between_advances(rng: random.Random, timing: Timing) -> float:
+    """The pause before the next advance: half a second, and a random part of two of the leader's ticks, so that an
+    advance begins at any moment of the leader's round, as a fault does. With a fixed pause every advance began at
+    the same moment of it: in its read of every slot (at 1,024 participants ~30 ms on a quiet machine, 70-250 ms
+    while the previous advance's participants still used the cores), which the leader has to finish before it
+    hears the interrupt. That phase is in the figures too: it is one of the moments a fault can come."""
+    return 0.5 + rng.uniform(0.0, 2 * timing.tick)
+
+
 def run_size(n: int, *, repetitions: int, generations: int, window_s: float, step_s: float, per_process: int,
              log: TextIO, say: Any, participants: str = "threads") -> dict[str, Any]:
     """Every measure for one size (see the module docstring)."""
@@ -335,6 +346,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         counts_before, cpu_before = swarm.counts()
         loop_t0 = time.monotonic()
         advances, medians, phases, busy = [], [], [], []
+        phases_rng = random.Random(n)  # the same gaps in every run of a size
         stragglers: list[dict[str, Any]] = []
         unasked: list[dict[str, Any]] = []  # generation changes nobody asked for (no fault: each a false positive)
         for _ in range(repetitions):
@@ -370,7 +382,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
             # How busy the machine was meanwhile (the CPU read after the last participant held the record).
             took = time.monotonic() - t0
             busy.append((_cpu_s(pid) - store_cpu0, swarm.cpu_s() - workers_cpu0, took))
-            time.sleep(0.5)
+            time.sleep(between_advances(phases_rng, timing))
         counts_after, cpu_after = swarm.counts()
         # What an advance costs beyond the steady state: requests per participant by thread/op, and CPU.
         loop_s = time.monotonic() - loop_t0

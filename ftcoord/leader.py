@@ -76,7 +76,7 @@ from ftcoord.store import get_or_none, woken
 from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
 
 _JOIN_POLL_S = 0.005  # how often the leader counts the announcements while a generation is open
-_STALL_S = _JOIN_POLL_S  # a rejoin whose announcements stood still between two reads is judged afresh (_follow_rejoin)
+_STALL_S = _JOIN_POLL_S  # the least a rejoin's announcements stand still before it is judged afresh (_follow_rejoin)
 
 
 class LeaderDuty:
@@ -114,6 +114,7 @@ class LeaderDuty:
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
         self._slept = 0.0
+        self._read_s = 0.0  # how long the last round's read of every slot took
         self._cadence = Cadence(slot, incarnation, timing)
         self.newest_incarnation = incarnation
         """The newest incarnation of this process's slot that this thread has read (ftcoord.watchdog)."""
@@ -224,6 +225,7 @@ class LeaderDuty:
         during the read kept everyone from beating, and its silence is not theirs."""
         read_at = time.monotonic()  # before the read: a dead mark older than this is seen
         values, facts = read_facts_and(self._store, self._slots, [keys.LEADER, keys.SLOTS], pinned=self._round_instance)
+        self._read_s = time.monotonic() - read_at  # what judging afresh costs (_follow_rejoin)
         slots = parse_slots(values[1])
         if slots != self._slots:
             new = [s for s in slots if s not in facts]
@@ -320,11 +322,16 @@ class LeaderDuty:
         each of its requests waited up to 90 ms in the store's queue): it polls the announcements until every live
         slot it read this round announced itself, then confirms the interrupt and decides on this round's reads.
         When they do not all come (one died meanwhile: its dead mark is newer than this round's reads), or stop
-        coming for a moment, it confirms the interrupt and judges afresh in a new round."""
+        coming for as long as judging afresh would take (the last round's read of every slot: waiting longer than
+        that for a dead one costs more than reading again, and a shorter pause is no evidence of one), it confirms
+        the interrupt and judges afresh in a new round. At 1,024 participants on 2 cores the announcements stand
+        still for a few ms at a time while their processes wait for a core; with a fixed 5 ms the leader read
+        every slot again (~100 ms there) in one advance of ten, as the last few announced (issue 17)."""
         left_out = left_out_by(record)
         alive = sum(1 for slot, fact in facts.items()
                     if self._judge.alive(fact) and left_out.get(slot) != fact.incarnation)
-        polled = None if self._paused_since(read_at) else self._await_joiners(generation, alive, stall_s=_STALL_S)
+        stall_s = max(_STALL_S, self._read_s)
+        polled = None if self._paused_since(read_at) else self._await_joiners(generation, alive, stall_s=stall_s)
         if not self._store.check([keys.interrupt(current)]):
             self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.wait_for_key)
             return False

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -31,8 +32,9 @@ def started() -> Iterator[list[Participant]]:
         p.close()
 
 
-def start(running: list[Participant], address: str, job_id: str, slot: int, policy: QuorumPolicy) -> Participant:
-    p = Participant(address, job_id, slot, policy, FAST, on_helper_failure=lambda reason: None).start()
+def start(running: list[Participant], address: str, job_id: str, slot: int, policy: QuorumPolicy,
+          timing: Timing = FAST) -> Participant:
+    p = Participant(address, job_id, slot, policy, timing, on_helper_failure=lambda reason: None).start()
     running.append(p)
     return p
 
@@ -86,6 +88,57 @@ def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
     # The poll that saw every announcement is what the decision is made on: the list is not read a second time
     # (~60 KB and a round trip on the critical path at 1,024 participants).
     assert read_keys.count(keys.joiners(2)) == 1, f"the leader read the announcements {read_keys}"
+    before_record.release()
+    for t in threads:
+        t.join(5)
+    assert [p.generation for p in (leader, *others)] == [2, 2, 2]
+
+
+def test_the_leader_waits_out_a_pause_in_the_announcements_shorter_than_its_read_of_every_slot(
+    store_server: StoreServer, job_id: str, started: list[Participant]
+) -> None:
+    """At 1,024 participants on 2 cores the announcements stand still for a few ms at a time while their processes
+    wait for a core; the leader judged afresh after 5 ms of that and read every slot again (~100 ms there) as the
+    last ones came. Now it waits as long as that read took (issue 17). Here its read of every slot takes 0.2 s (as
+    there), and the last member announces itself after the others' announcements stood still for 20 ms and more."""
+    policy = QuorumPolicy(3)
+    # A tick of 0.25 s (FAST's is 0.05 s): the leader's poll of the announcements lasts a tick at most.
+    ticking = Timing(heartbeat_interval=0.5, heartbeat_timeout=3.0, join_timeout=0.3, barrier_timeout=10.0)
+    leader = start(started, store_server.address, job_id, 0, policy, ticking)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    others = [start(started, store_server.address, job_id, s, policy, ticking) for s in (1, 2)]
+    join_together(leader, *others)
+    assert leader.generation == 1
+
+    duty_store = leader.leader._store
+    multi_get, read_slowly = duty_store.multi_get, threading.Event()
+
+    def slow_multi_get(*args: object, **kwargs: object) -> object:
+        time.sleep(0.2)
+        values = multi_get(*args, **kwargs)
+        read_slowly.set()
+        return values
+
+    duty_store.multi_get = slow_multi_get
+    assert read_slowly.wait(5), "the leader never read every slot"
+    gate = pause_leader_while_it_runs(leader, 1)
+    reads = leader_multi_gets(leader)
+    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    late = others[1]
+    append, may_announce = late.store.append, threading.Event()
+    late.store.append = lambda *args: (may_announce.wait(10), append(*args))[1]
+    others[0].interrupt("test")
+    threads = rejoin(leader, *others)
+    wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
+    polls: list[float] = []
+    compare_set = duty_store.compare_set  # the real one, behind a record of when the leader polls the announcements
+    duty_store.compare_set = lambda key, *args, **kw: (
+        polls.append(time.monotonic()) if key == keys.joiners(2) else None, compare_set(key, *args, **kw))[1]
+    gate.release()
+    wait_until(lambda: len(polls) >= 2 and polls[-1] - polls[0] >= 0.02, 5, "the leader to poll for 20 ms")
+    may_announce.set()
+    assert before_record.wait_reached(5), "the leader never came to decide generation 2"
+    assert leader_multi_gets(leader) == reads, "the leader read every slot again before the last one announced"
     before_record.release()
     for t in threads:
         t.join(5)

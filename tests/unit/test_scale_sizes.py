@@ -4,13 +4,17 @@ out-of-memory kill halfway through)."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
+from chaos.bench_scale import between_advances
 from chaos.scale_layout import DoesNotFit, Machine, WorkerMemory, per_process, worker_processes
 from chaos.scale_report import markdown, targets_missed
+from ftcoord import Timing
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,3 +115,14 @@ def test_a_slow_change_says_who_was_late_where_they_waited_and_why_an_unasked_ch
     assert lines[1] == ("- N=1024: the change to generation 17 took 7.8 s; latest by worker: slots from 65: 7.8 s, "
                         "slots from 129: 7.7 s, slots from 0: 0.5 s")
     assert lines[2] == "- N=1024: unasked change after generation 5: {5: 'dead:slot=3', 6: 'grow:slot=3'}"
+
+
+def test_advances_begin_at_any_moment_of_the_leaders_round() -> None:
+    """A fixed pause between advances began every one at the same moment of the leader's round (its read of every
+    slot, at 1,024 participants): the figures measured that moment alone, where a fault comes at any."""
+    timing = Timing()
+    rng = random.Random(1024)
+    gaps = [between_advances(rng, timing) for _ in range(200)]
+    assert all(0.5 <= gap <= 0.5 + 2 * timing.tick for gap in gaps)
+    quarters = Counter(int((gap - 0.5) // (timing.tick / 2)) for gap in gaps)
+    assert set(quarters) == {0, 1, 2, 3}, f"the gaps do not cover two ticks: {sorted(quarters.items())}"
