@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,32 @@ def start(running: list[Participant], address: str, job_id: str, slot: int, poli
     return p
 
 
+def form_three(started: list[Participant], address: str, job_id: str,
+               timing: Timing = FAST) -> tuple[Participant, list[Participant]]:
+    """Slot 0 leads; slots 1 and 2 join it in generation 1 (a target of three)."""
+    policy = QuorumPolicy(3)
+    leader = start(started, address, job_id, 0, policy, timing)
+    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
+    others = [start(started, address, job_id, s, policy, timing) for s in (1, 2)]
+    join_together(leader, *others)
+    assert leader.generation == 1
+    return leader, others
+
+
+def spy_on_compare_sets(store: Any) -> list[tuple[str, float]]:
+    """Every compare_set through `store` from now on (the leader's reads: ftcoord.store.get_or_none), with when it
+    was asked; the real one answers."""
+    asked: list[tuple[str, float]] = []
+    compare_set = store.compare_set
+
+    def spied(key: str, *args: Any, **kwargs: Any) -> bytes:
+        asked.append((key, time.monotonic()))
+        return compare_set(key, *args, **kwargs)
+
+    store.compare_set = spied
+    return asked
+
+
 def leader_multi_gets(p: Participant) -> int:
     return p.leader._store.requests[("leader", "multi_get")]  # type: ignore[attr-defined]
 
@@ -65,28 +92,20 @@ def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
 ) -> None:
     """At 1,024 participants a read of every slot during their rejoin waited ~70 ms in the store's queue, on the
     critical path: the leader now polls the announcements and decides on the round it had read (issue 17)."""
-    policy = QuorumPolicy(3)
-    leader = start(started, store_server.address, job_id, 0, policy)
-    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
-    others = [start(started, store_server.address, job_id, s, policy) for s in (1, 2)]
-    join_together(leader, *others)
-    assert leader.generation == 1
-
+    leader, others = form_three(started, store_server.address, job_id)
     gate = pause_leader_while_it_runs(leader, 1)
     reads = leader_multi_gets(leader)
     before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
     wait_until(lambda: count_announcements(leader.store, 2) == 3, 5, "every member to announce itself")
-    duty_store = leader.leader._store
-    read_keys: list[str] = []
-    compare_set = duty_store.compare_set  # the real one, behind a record of the keys the leader's thread reads
-    duty_store.compare_set = lambda key, *args, **kw: (read_keys.append(key), compare_set(key, *args, **kw))[1]
+    asked = spy_on_compare_sets(leader.leader._store)
     gate.release()
     assert before_record.wait_reached(5), "the leader never came to decide generation 2"
     assert leader_multi_gets(leader) == reads, "the leader read every slot again before it decided"
     # The poll that saw every announcement is what the decision is made on: the list is not read a second time
     # (~60 KB and a round trip on the critical path at 1,024 participants).
+    read_keys = [key for key, _ in asked]
     assert read_keys.count(keys.joiners(2)) == 1, f"the leader read the announcements {read_keys}"
     before_record.release()
     for t in threads:
@@ -101,15 +120,9 @@ def test_the_leader_waits_out_a_pause_in_the_announcements_shorter_than_its_read
     wait for a core; the leader judged afresh after 5 ms of that and read every slot again (~100 ms there) as the
     last ones came. Now it waits as long as that read took (issue 17). Here its read of every slot takes 0.2 s (as
     there), and the last member announces itself after the others' announcements stood still for 20 ms and more."""
-    policy = QuorumPolicy(3)
     # A tick of 0.25 s (FAST's is 0.05 s): the leader's poll of the announcements lasts a tick at most.
     ticking = Timing(heartbeat_interval=0.5, heartbeat_timeout=3.0, join_timeout=0.3, barrier_timeout=10.0)
-    leader = start(started, store_server.address, job_id, 0, policy, ticking)
-    wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
-    others = [start(started, store_server.address, job_id, s, policy, ticking) for s in (1, 2)]
-    join_together(leader, *others)
-    assert leader.generation == 1
-
+    leader, others = form_three(started, store_server.address, job_id, ticking)
     duty_store = leader.leader._store
     multi_get, read_slowly = duty_store.multi_get, threading.Event()
 
@@ -130,12 +143,14 @@ def test_the_leader_waits_out_a_pause_in_the_announcements_shorter_than_its_read
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
     wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
-    polls: list[float] = []
-    compare_set = duty_store.compare_set  # the real one, behind a record of when the leader polls the announcements
-    duty_store.compare_set = lambda key, *args, **kw: (
-        polls.append(time.monotonic()) if key == keys.joiners(2) else None, compare_set(key, *args, **kw))[1]
+    asked = spy_on_compare_sets(duty_store)
+
+    def polls() -> list[float]:
+        """When the leader read the announcements."""
+        return [at for key, at in asked if key == keys.joiners(2)]
+
     gate.release()
-    wait_until(lambda: len(polls) >= 2 and polls[-1] - polls[0] >= 0.02, 5, "the leader to poll for 20 ms")
+    wait_until(lambda: len(p := polls()) >= 2 and p[-1] - p[0] >= 0.02, 5, "the leader to poll for 20 ms")
     may_announce.set()
     assert before_record.wait_reached(5), "the leader never came to decide generation 2"
     assert leader_multi_gets(leader) == reads, "the leader read every slot again before the last one announced"
