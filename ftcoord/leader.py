@@ -24,13 +24,14 @@ A record written by a leader deposed between its last check and its write is sti
 for that generation, made from what it observed while it led; the members follow it, and a stale
 judgement in it is corrected by the next generation.
 
-At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (one multi_get
-per tick, with its claim and the slot list); a follower reads the leader's claim and counters (and its own
-incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies (ftcoord.election). The
-judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store wait on its
-interrupt (woken at once); an open one's polls the announcements (no key per joiner) and decides as soon
-as everyone it waits for has announced itself; old generations are forgotten once the members of the newest
-have met at its rendezvous (ftcoord.forgetting).
+At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (once a tick, with its
+claim and the slot list, in requests of a few hundred slots: ftcoord.slot_reads); a follower reads the leader's
+claim and counters (and its own incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies
+(ftcoord.election). The judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store
+wait on its interrupt (woken at once; while it reads every slot, it looks at the interrupt between the read's
+requests); an open one's polls the announcements (no key per joiner) and decides as soon as everyone it waits for
+has announced itself; old generations are forgotten once the members of the newest have met at its rendezvous
+(ftcoord.forgetting).
 Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
 
 Across a store restart (ftcoord.store_link, ftcoord.rebuild): a round's record is written only into the
@@ -71,7 +72,8 @@ from ftcoord.monitor import ran_its_course
 from ftcoord.proposal import Proposer
 from ftcoord.readiness import OpenClock, left_out_by, still_left_out
 from ftcoord.record import GenerationRecord
-from ftcoord.slots import SlotFacts, parse_slots, read_facts_and
+from ftcoord.slot_reads import SlotReads
+from ftcoord.slots import SlotFacts
 from ftcoord.store import get_or_none, woken
 from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
 
@@ -101,7 +103,6 @@ class LeaderDuty:
         self._timing = timing
         self._policy = policy
         self._progress_timeout = progress_timeout
-        self._slots: list[int] = []  # as the leader: the registered slots last read
         self._open: dict[int, OpenClock] = {}
         self._closed_in: GenerationRecord | None = None
         self._round_instance = 0  # the store instance this round's observations come from
@@ -114,14 +115,14 @@ class LeaderDuty:
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
         self._slept = 0.0
-        self._read_s = 0.0  # how long the last round's read of every slot took
+        self._reads = SlotReads(store)
         self._cadence = Cadence(slot, incarnation, timing)
         self.newest_incarnation = incarnation
         """The newest incarnation of this process's slot that this thread has read (ftcoord.watchdog)."""
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
         self._judge = Judge(store, timing, progress_timeout, self._log)
         self._election = Election(store, slot, incarnation, self._judge, self._log, self._saw_incarnation,
-                                  on_elected=lambda: self._open.clear())
+                                  on_elected=self._elected)
         self._thread = threading.Thread(target=self._run, name=f"ftcoord-leader-{slot}", daemon=True)
         self.failed: BaseException | None = None
 
@@ -169,6 +170,7 @@ class LeaderDuty:
                 # We were paused (SIGSTOP, swap): what we saw is old, start afresh.
                 self._judge.observer.reset()
                 self._open.clear()
+                self._reads.forget()
                 self._log.warning("leader_duty_paused", paused_s=round(now - last_tick, 3))
             last_tick = now
             self._slept = 0.0
@@ -178,7 +180,7 @@ class LeaderDuty:
                     self._rebuilt.clear()
                     self._open.clear()
                     self._election.forget_holder()
-                    self._slots = []
+                    self._reads.forget(slots=True)
                     self._records.clear()
                     self._judge.rebuilt()
                 election = self._election
@@ -190,6 +192,7 @@ class LeaderDuty:
                     # hang got a healthy rank fenced as heartbeat_stale).
                     self._judge.observer.reset()
                     self._open.clear()
+                    self._reads.forget()
                     self._log.warning("leader_duty_stalled_by_store", stalled_s=round(read_at - last_tick, 3))
                     last_tick = time.monotonic()
                     continue
@@ -219,22 +222,21 @@ class LeaderDuty:
         self._poke.wait(seconds)
         self._poke.clear()
 
+    def _elected(self) -> None:
+        """A new term: what this process saw open, or read, while it led before is stale."""
+        self._open.clear()
+        self._reads.forget()
+
     def _observe(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim]:
-        """The leader's round: its claim, the registered slots and every slot's counters, in one request (two
-        when a slot registered since the last round). Observed as of when the read was asked: a store that hung
-        during the read kept everyone from beating, and its silence is not theirs."""
-        read_at = time.monotonic()  # before the read: a dead mark older than this is seen
-        values, facts = read_facts_and(self._store, self._slots, [keys.LEADER, keys.SLOTS], pinned=self._round_instance)
-        self._read_s = time.monotonic() - read_at  # what judging afresh costs (_follow_rejoin)
-        slots = parse_slots(values[1])
-        if slots != self._slots:
-            new = [s for s in slots if s not in facts]
-            facts.update(read_facts_and(self._store, new, [], pinned=self._round_instance)[1])
-            self._slots = slots
-        self._judge.observe(facts, read_at)
-        if self._slot in facts:
-            self._saw_incarnation(facts[self._slot].incarnation)
-        return read_at, facts, LeaderClaim.parse(values[0])
+        """The leader's round: its claim and every slot's counters (ftcoord.slot_reads: a read that the running
+        generation's interrupt cut short stands on the last whole one, and observes nothing)."""
+        running = self._quiet if self._quiet != self._interrupted else None
+        read_at, facts, claim, fresh = self._reads.read(self._round_instance, running)
+        if fresh:
+            self._judge.observe(facts, read_at)
+            if self._slot in facts:
+                self._saw_incarnation(facts[self._slot].incarnation)
+        return read_at, facts, LeaderClaim.parse(claim)
 
     def _saw_incarnation(self, incarnation: int) -> None:
         """The newest incarnation of this slot, as just read; a newer one than ours is told to the helper watch."""
@@ -330,7 +332,7 @@ class LeaderDuty:
         left_out = left_out_by(record)
         alive = sum(1 for slot, fact in facts.items()
                     if self._judge.alive(fact) and left_out.get(slot) != fact.incarnation)
-        stall_s = max(_STALL_S, self._read_s)
+        stall_s = max(_STALL_S, self._reads.read_s)
         polled = None if self._paused_since(read_at) else self._await_joiners(generation, alive, stall_s=stall_s)
         if not self._store.check([keys.interrupt(current)]):
             self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.wait_for_key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -112,3 +113,19 @@ def read_facts_and(store: dist.Store, slots: list[int], also: list[str],
         facts[slot] = SlotFacts(slot, inc, hb, int(pings or 0), waiting == "w", dead, left, int(replacing or 0),
                                 int(beat or 0), int(step or -1))
     return extra, facts
+
+
+def read_facts_unless(store: dist.Store, slots: list[int], also: list[str], pinned: int | None,
+                      stop: Callable[[], bool] | None,
+                      per_request: int) -> tuple[list[bytes], dict[int, SlotFacts], bool]:
+    """read_facts_and in requests of `per_request` slots (the first with `also`), asking `stop()` before each request
+    after the first: the values of `also`, the facts read, and whether every slot's were (False: stop() said so, and
+    the rest were not read). One request as before when `stop` is None or the slots fit in one."""
+    if stop is None:
+        per_request = max(len(slots), 1)
+    extra, facts = read_facts_and(store, slots[:per_request], also, pinned)
+    for start in range(per_request, len(slots), per_request):
+        if stop is not None and stop():
+            return extra, facts, False
+        facts.update(read_facts_and(store, slots[start:start + per_request], [], pinned)[1])
+    return extra, facts, True

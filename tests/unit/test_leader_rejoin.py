@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints, slot_reads
 from ftcoord.decisions import count_announcements, read_record
 from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule
 from ftcoord.record import GenerationRecord
@@ -154,6 +154,49 @@ def test_the_leader_waits_out_a_pause_in_the_announcements_shorter_than_its_read
     may_announce.set()
     assert before_record.wait_reached(5), "the leader never came to decide generation 2"
     assert leader_multi_gets(leader) == reads, "the leader read every slot again before the last one announced"
+    before_record.release()
+    for t in threads:
+        t.join(5)
+    assert [p.generation for p in (leader, *others)] == [2, 2, 2]
+
+
+def test_the_leader_hears_an_interrupt_that_comes_during_its_read_of_every_slot(
+    monkeypatch: pytest.MonkeyPatch, store_server: StoreServer, job_id: str, started: list[Participant]
+) -> None:
+    """At 1,024 participants the leader's read of every slot took 30-250 ms, and an interrupt that came during it
+    waited for its end. The read is now in requests of READ_SLOTS_PER_REQUEST slots, the interrupt looked at between
+    them (ftcoord.slot_reads; here one slot a request, of three). Each request of the leader's costs a token per slot it
+    reads; once the generation is interrupted the leader gets one token: enough to finish the request it is in, not
+    to read every slot."""
+    monkeypatch.setattr(slot_reads, "READ_SLOTS_PER_REQUEST", 1)
+    # A paused leader's reads are too old to act on after heartbeat_timeout / 2: this test's read stands still longer.
+    patient = Timing(heartbeat_interval=0.1, heartbeat_timeout=4.0, join_timeout=0.3, barrier_timeout=10.0)
+    leader, others = form_three(started, store_server.address, job_id, patient)
+    wait_until(lambda: leader.leader._quiet == 1, 5, "the leader to see generation 1 running")
+    duty_store = leader.leader._store
+    multi_get, metered, reading = duty_store.multi_get, threading.Event(), threading.Event()
+    tokens = threading.Semaphore(0)
+    slot_keys = {keys.heartbeat(slot) for slot in range(3)}
+
+    def metered_multi_get(names: list[str], *args: object, **kwargs: object) -> object:
+        if metered.is_set():
+            reading.set()
+            for _ in range(len(slot_keys.intersection(names))):
+                assert tokens.acquire(timeout=10), "no token"
+        return multi_get(names, *args, **kwargs)
+
+    duty_store.multi_get = metered_multi_get
+    metered.set()
+    assert reading.wait(5), "the leader never read every slot"
+    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    others[0].interrupt("test")
+    threads = rejoin(leader, *others)
+    wait_until(lambda: count_announcements(leader.store, 2) == 3, 5, "every member to announce itself")
+    tokens.release(1)
+    decided = before_record.wait_reached(5)
+    metered.clear()
+    tokens.release(10)
+    assert decided, "the leader went on reading every slot after the interrupt"
     before_record.release()
     for t in threads:
         t.join(5)
