@@ -1,0 +1,76 @@
+"""The leader's read of every slot in requests of a few slots, and its end at the running generation's interrupt
+(ftcoord.slot_reads), against a real store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ftcoord import StoreServer, connect, job_store, keys, slot_reads
+from ftcoord.slot_reads import SlotReads
+from ftcoord.slots import read_facts_and, read_facts_unless, register
+
+pytestmark = pytest.mark.timeout(30)
+
+SLOTS = [0, 1, 2, 3, 4]
+
+
+class Counted:
+    """A store client whose multi_gets are counted: `sizes`, the keys each one asked."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.sizes: list[int] = []
+
+    def multi_get(self, names: list[str]) -> list[bytes]:
+        self.sizes.append(len(names))
+        return self._store.multi_get(names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.fixture
+def store(store_server: StoreServer, job_id: str) -> Counted:
+    store = job_store(connect(store_server.address), job_id)
+    for slot in SLOTS:
+        register(store, slot)
+        store.add(keys.heartbeat(slot), slot)  # every slot's counters differ
+    store.set(keys.LEADER, "1:0:1")
+    return Counted(store)
+
+
+def test_a_read_in_requests_of_two_slots_reads_what_one_request_reads(store: Counted) -> None:
+    extra, facts = read_facts_and(store, SLOTS, [keys.LEADER])
+    store.sizes.clear()
+    asked: list[int] = []
+    chunked = read_facts_unless(store, SLOTS, [keys.LEADER], None, lambda: asked.append(1) or False, per_request=2)
+    assert chunked == (extra, facts, True)
+    assert store.sizes == [1 + 2 * 6, 2 * 6, 1 * 6], "one request per two slots, the first with the extra key"
+    assert len(asked) == 2, "asked before each request after the first"
+
+
+def test_a_read_stops_at_the_running_generations_interrupt_and_stands_on_the_last_whole_read(
+    monkeypatch: pytest.MonkeyPatch, store: Counted
+) -> None:
+    monkeypatch.setattr(slot_reads, "READ_SLOTS_PER_REQUEST", 2)
+    reads = SlotReads(store)
+    read_at, facts, claim, fresh = reads.read(instance=0, running=None)  # learns the slots: read whole
+    assert fresh and sorted(facts) == SLOTS and claim == b"1:0:1"
+    assert reads.read(instance=0, running=7)[3], "a generation running and not interrupted: read whole"
+
+    store.add(keys.heartbeat(3), 100)
+    store.set(keys.LEADER, "2:1:1")
+    store.set(keys.interrupt(7), "test")
+    store.sizes.clear()
+    standing_at, standing, claim, fresh = reads.read(instance=0, running=7)
+    assert not fresh and len(store.sizes) == 1, "read on after the interrupt"
+    assert claim == b"2:1:1", "the claim is this read's (its first request)"
+    assert standing[3].heartbeat == facts[3].heartbeat, "the facts are the last whole read's"
+    assert standing_at > read_at
+
+    assert reads.read(instance=1, running=7)[3], "a whole read of another store instance is nothing to stand on"
+    reads.forget()
+    _, facts, _, fresh = reads.read(instance=1, running=7)
+    assert fresh and facts[3].heartbeat == standing[3].heartbeat + 100, "nothing to stand on after forget()"
