@@ -20,6 +20,7 @@ from ftcoord.config import Timing
 from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
 from ftcoord.errors import StoreLost, Superseded
 from ftcoord.generation import GenerationClient
+from ftcoord.process_state import stopped
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import register
 from ftcoord.store import get_or_none, wait_get
@@ -165,6 +166,13 @@ def test_a_store_away_past_store_timeout_raises_store_lost_naming_the_address(st
     lost.close()
 
 
+def stop(server: StoreProcess) -> None:
+    """SIGSTOP the store's server, and wait until the kernel says it stopped: a signal is delivered asynchronously,
+    and a server that ran on for a moment answered the call that was to hang (seen once in CI, on 2 busy cores)."""
+    server.process.send_signal(signal.SIGSTOP)
+    wait_until(lambda: stopped(server.process.pid), 5, "the store's server to stop")
+
+
 def test_a_hung_store_is_a_store_away_not_a_frozen_client(job_id: str) -> None:
     """A SIGSTOPped server hangs TCPStore calls past every timeout; the link cuts the call after op_timeout and
     gives up at store_timeout, while the server is still stopped (without the cut: blocked until SIGCONT)."""
@@ -174,7 +182,7 @@ def test_a_hung_store_is_a_store_away_not_a_frozen_client(job_id: str) -> None:
         hung = StoreLink(server.address, job_id, op_timeout=1.0, store_timeout=3.0, may_start_job=True)
         client = hung.connect()
         client.set("a", "1")
-        server.process.send_signal(signal.SIGSTOP)
+        stop(server)
         resume.start()
         started = time.monotonic()
         with pytest.raises(StoreLost):
@@ -197,7 +205,7 @@ def test_a_store_that_answers_again_after_a_hang_is_the_same_instance(job_id: st
         before = paused.instance
         assert before is not None
         client.set("a", "1")
-        server.process.send_signal(signal.SIGSTOP)
+        stop(server)
         threading.Timer(2.5, lambda: server.process.send_signal(signal.SIGCONT)).start()
         assert client.get("a") == b"1"
         assert paused.instance == before and paused.instance_number == 0
@@ -391,7 +399,7 @@ def test_the_watchdog_sleeps_until_a_call_may_be_overdue_and_cuts_it_on_time(
         token = hung.calls.watch(1.5, {}, {})
         assert 1.3 < hung.calls.until_due() <= 1.5
         hung.calls.unwatch(token)
-        server.process.send_signal(signal.SIGSTOP)
+        stop(server)
         threading.Timer(6.0, lambda: server.process.send_signal(signal.SIGCONT)).start()
         started = time.monotonic()
         assert client.get("a") == b"1"  # cut at op_timeout, then reconnected once the server answers again
