@@ -168,9 +168,7 @@ class LeaderDuty:
             now = time.monotonic()
             if now - last_tick > self._timing.heartbeat_timeout / 2 + self._slept:
                 # We were paused (SIGSTOP, swap): what we saw is old, start afresh.
-                self._judge.observer.reset()
-                self._open.clear()
-                self._reads.forget()
+                self._start_afresh()
                 self._log.warning("leader_duty_paused", paused_s=round(now - last_tick, 3))
             last_tick = now
             self._slept = 0.0
@@ -190,9 +188,7 @@ class LeaderDuty:
                     # Stuck in a store call (a hung or restarting store kept everyone from beating): what
                     # this round read shows no silence of anyone's; watch afresh (CI-like: a 12 s store
                     # hang got a healthy rank fenced as heartbeat_stale).
-                    self._judge.observer.reset()
-                    self._open.clear()
-                    self._reads.forget()
+                    self._start_afresh()
                     self._log.warning("leader_duty_stalled_by_store", stalled_s=round(read_at - last_tick, 3))
                     last_tick = time.monotonic()
                     continue
@@ -221,6 +217,12 @@ class LeaderDuty:
         self._slept = seconds  # not a pause of ours (the pause check allows for it)
         self._poke.wait(seconds)
         self._poke.clear()
+
+    def _start_afresh(self) -> None:
+        """What this thread saw is too old to judge on (it was paused, or stuck in a store call): watch anew."""
+        self._judge.observer.reset()
+        self._open.clear()
+        self._reads.forget()
 
     def _elected(self) -> None:
         """A new term: what this process saw open, or read, while it led before is stale."""

@@ -121,11 +121,11 @@ def read_facts_unless(store: dist.Store, slots: list[int], also: list[str], pinn
     """read_facts_and in requests of `per_request` slots (the first with `also`), asking `stop()` before each request
     after the first: the values of `also`, the facts read, and whether every slot's were (False: stop() said so, and
     the rest were not read). One request as before when `stop` is None or the slots fit in one."""
-    if stop is None:
-        per_request = max(len(slots), 1)
+    if stop is None or len(slots) <= per_request:
+        return (*read_facts_and(store, slots, also, pinned), True)
     extra, facts = read_facts_and(store, slots[:per_request], also, pinned)
     for start in range(per_request, len(slots), per_request):
-        if stop is not None and stop():
+        if stop():
             return extra, facts, False
         facts.update(read_facts_and(store, slots[start:start + per_request], [], pinned)[1])
     return extra, facts, True
