@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test test-slow setup clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	scripts/isolated-net $(PY) -m pytest $(PYTEST_ARGS)
+
+# The long soaks and benchmarks the default run leaves out (pytest's -m: the last one given wins over addopts').
+test-slow: $(STAMP)
+	scripts/isolated-net $(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

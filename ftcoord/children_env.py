@@ -1,8 +1,14 @@
-"""The environment a launcher gives its processes (and the warm standby they are forked from)."""
+"""The environment a launcher gives its processes (and the warm standby they are forked from).
+
+Torch-free: the launcher starts its warm standby with it before it imports torch itself (ftcoord.launch).
+"""
 
 from __future__ import annotations
 
 import os
+
+from ftcoord import env
+from ftcoord.launch_config import LaunchConfig
 
 
 def omp_threads_per_process(nproc: int) -> str:
@@ -19,4 +25,21 @@ def children_env(nproc: int) -> dict[str, str]:
     values = dict(os.environ)
     values.setdefault("OMP_NUM_THREADS", omp_threads_per_process(nproc))
     values.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return values
+
+
+def job_env(config: LaunchConfig) -> dict[str, str]:
+    """What every process of a launcher is told about the job (the warm standby too: a module's preload function
+    checks its command line against it, see ftcoord.standby)."""
+    values = {
+        env.STORE_ENV: config.store,
+        env.JOB_ID_ENV: config.job_id,
+        env.WORLD_SIZE_ENV: str(config.target_world_size),
+        env.LAUNCHER_PID_ENV: str(os.getpid()),
+        # In the job's environment, not only a child's: a Wrapper built when the standby imports the module reads
+        # it then.
+        env.STORE_TIMEOUT_ENV: str(config.store_timeout_s),
+    }
+    if config.log_dir:
+        values[env.LOG_DIR_ENV] = config.log_dir
     return values

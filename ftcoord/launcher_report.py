@@ -11,10 +11,12 @@ import os
 import signal
 import socket
 from collections import Counter
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from ftcoord import keys
+
+if TYPE_CHECKING:  # the launcher starts its warm standby before it imports torch (ftcoord.launch)
+    import torch.distributed as dist
 
 RESTART_KINDS = ("fenced", "signal", "exit", "job")
 """Why a slot's process was replaced: the leader fenced it (hung, stalled, a hung outsider) and its

@@ -1,5 +1,10 @@
 """The launcher's warm standby, kept: one template process (ftcoord.standby) alive and warm while the job
-runs, forking each slot's process in milliseconds."""
+runs, forking each slot's process in milliseconds.
+
+The launcher starts it before it imports torch itself (ftcoord.launch): the standby's import (torch, the command's
+modules: ~4 s here) and the launcher's (~2 s) run side by side, not one after the other. So this module, and what
+it imports, stays torch-free.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,17 @@ import time
 from collections.abc import Callable
 
 from ftcoord import launcher_report
-from ftcoord.standby import ForkedProcess, WarmStandby
+from ftcoord.launch_config import LaunchConfig
+from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
 
 STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
+
+
+def standby_wanted(config: LaunchConfig) -> bool:
+    """A launcher keeps a warm standby when asked to (--warm-standby, the default) and it can serve the command
+    (`python -m MOD` or `python FILE.py`), except for the whole-job restart baseline, which starts every process
+    afresh."""
+    return bool(config.warm_standby and PythonCommand.parse(config.command)) and config.restart_policy != "job"
 
 
 class StandbyKeeper:
@@ -23,21 +36,16 @@ class StandbyKeeper:
         self._started: float | None = None
 
     def refresh(self, env: dict[str, str], on_ready: Callable[[], None]) -> None:
-        """Keep one warm standby (`env`: the job's environment); call `on_ready` when it became ready.
-
-        The first one warms up at normal priority: the node's ranks are forked from it, nothing else runs
-        yet. One started again later (the first died) warms up niced, beside training.
-        """
+        """Keep one warm standby (`env`: the job's environment), started again when it died (`start`); call
+        `on_ready` when it became ready."""
         if not self.enabled:
             return
         log = self._log
         if self.standby is not None and not self.standby.alive:
             log.warning("standby_died", pid=self.standby.process.pid, code=self.standby.process.returncode)
             self.standby = None
-        if self.standby is None:
-            first = self._started is None
-            self.standby = WarmStandby.start(self._command, env, niced=not first)
-            self._started = time.monotonic()
+        self.start(env)
+        assert self.standby is not None
         was_ready = self.standby.ready
         self.standby.pump()
         if self.standby.ready and not was_ready:
@@ -47,6 +55,18 @@ class StandbyKeeper:
             if self.standby.refused is not None:
                 log.warning("standby_preload_refused", reason=self.standby.refused,
                             why="the command's module refused its command line; its processes will say why")
+
+    def start(self, env: dict[str, str]) -> None:
+        """Start a standby with `env` when there is none; it warms up on its own (`refresh` says when it is ready).
+
+        The first one warms up at normal priority: the node's ranks are forked from it, nothing else runs yet. One
+        started again later (the first died) warms up niced, beside training."""
+        if not self.enabled or self.standby is not None:
+            return
+        first = self._started is None
+        self.standby = WarmStandby.start(self._command, env, niced=not first)
+        self._started = time.monotonic()
+        self._log.info("standby_started", pid=self.standby.process.pid, niced=not first)
 
     def warming(self) -> bool:
         """The standby is alive, not ready yet, and has not taken longer than STANDBY_WAIT_S."""
@@ -65,7 +85,8 @@ class StandbyKeeper:
         return launcher_report.standby_state(self.enabled, standby is not None and standby.alive,
                                              standby is not None and standby.ready)
 
-    def release(self) -> None:
+    def release(self, timeout: float = 10.0) -> None:
+        """Let the standby go (killed after `timeout`: 0 for a launcher that gives up before it started anything)."""
         if self.standby is not None:
-            self.standby.close()
+            self.standby.close(timeout)
             self.standby = None

@@ -20,12 +20,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch.distributed as dist
 
 from ftcoord import env, keys, launcher_report, rebuild, scratch
-from ftcoord.children_env import children_env
+from ftcoord.children_env import children_env, job_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.fence_watch import FenceWatch
 from ftcoord.heartbeat import mark_dead
@@ -37,7 +37,7 @@ from ftcoord.process_state import stopped
 from ftcoord.reap import wait_killed
 from ftcoord.restart_delay import RestartDelay
 from ftcoord.standby import ForkedProcess, PythonCommand
-from ftcoord.standby_keeper import StandbyKeeper
+from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.store import get_or_none, read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
@@ -84,18 +84,18 @@ class Supervisor:
     slots: dict[int, SlotProcess] = field(default_factory=dict)
     job_restarts: int = 0
     terminating_since: float | None = None
+    early_standby: InitVar[StandbyKeeper | None] = None
+    """The warm standby ftcoord.launch started before it imported torch (StandbyKeeper.start); None: made here."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, early_standby: StandbyKeeper | None) -> None:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
-        self._python_command = PythonCommand.parse(self.config.command)
-        self._use_standby = bool(self.config.warm_standby and self._python_command)
-        if self.config.warm_standby and not self._python_command:
+        if self.config.warm_standby and not PythonCommand.parse(self.config.command):
             self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
+        self._use_standby = standby_wanted(self.config)
         self._job_restarts: JobRestarts | None = None
         if self.config.restart_policy == "job":
-            self._use_standby = False  # the whole-job restart baseline starts every process afresh
             self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.job_restarts)
-        self.standby = StandbyKeeper(self.config.command, self._use_standby, self._log)
+        self.standby = early_standby or StandbyKeeper(self.config.command, self._use_standby, self._log)
         self._fences = FenceWatch(self.store, self._log)
         self._job_end = JobEndWatch(self.config.grace_s, get_or_none(self.store, keys.STOPPED))
         self._env = children_env(self.config.nproc)
@@ -105,24 +105,8 @@ class Supervisor:
 
     # -- environment and process start ------------------------------------------------
 
-    def _job_env(self) -> dict[str, str]:
-        """What every process of this launcher is told about the job (the warm standby too: a module's
-        preload function checks its command line against it, see ftcoord.standby)."""
-        values = {
-            env.STORE_ENV: self.config.store,
-            env.JOB_ID_ENV: self.config.job_id,
-            env.WORLD_SIZE_ENV: str(self.config.target_world_size),
-            env.LAUNCHER_PID_ENV: str(os.getpid()),
-            # In the job's environment, not only a child's: a Wrapper built when the standby imports the module
-            # reads it then.
-            env.STORE_TIMEOUT_ENV: str(self.config.store_timeout_s),
-        }
-        if self.config.log_dir:
-            values[env.LOG_DIR_ENV] = self.config.log_dir
-        return values
-
     def _child_env(self, slot: SlotProcess) -> dict[str, str]:
-        values = {**self._job_env(), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank)}
+        values = {**job_env(self.config), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank)}
         link = getattr(self.store, "link", None)
         instance = link.learn_instance(self.store) if link is not None else None
         if instance is not None:  # a child that starts while the store is away knows which one it was
@@ -178,7 +162,7 @@ class Supervisor:
 
     def _refresh_standby(self) -> None:
         if self.terminating_since is None:
-            self.standby.refresh({**self._env, **self._job_env()}, on_ready=self._report_all)
+            self.standby.refresh({**self._env, **job_env(self.config)}, on_ready=self._report_all)
 
     def _report_all(self) -> None:
         for slot in self.slots.values():

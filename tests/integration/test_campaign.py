@@ -16,7 +16,7 @@ from chaos.campaign_runner import MARKER
 from tests.helpers.campaigns import TINY
 from tests.helpers.wait import wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # one campaign of real runs (45 s)
 
 
 @dataclass

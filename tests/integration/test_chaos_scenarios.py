@@ -90,6 +90,7 @@ def test_pause_in_every_role(tmp_path: Path) -> None:
     assert len(read_logs(logs, ("leader_elected",))) >= 2
 
 
+@pytest.mark.slow  # waits out the 24 s default; a short progress_timeout is in the default set
 def test_stuck_training_thread_is_caught_by_the_default_progress_timeout(tmp_path: Path) -> None:
     """Rank 0's training thread stops (its heartbeat runs on); no progress_timeout is set, the default
     (12 heartbeat timeouts) and the culprit rule fence it, and only it."""
@@ -129,6 +130,7 @@ def test_spare(tmp_path: Path) -> None:
     assert report["world_sizes"] == [2]
 
 
+@pytest.mark.slow  # 35 s; 24 random schedules (test_random_schedules.py) and the demo are in the default set
 def test_random(tmp_path: Path) -> None:
     report = run("random", tmp_path)
     assert len(report["faults"]) >= 1

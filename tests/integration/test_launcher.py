@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -53,6 +54,26 @@ def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_stan
           f"full size again after {1000 * (full - killed_at):.0f} ms")
     run.assert_correct(200)
     assert [e["result"] for e in run.events("exit")] == ["done", "done"]
+    # The standby started before the launcher imported torch and reached the store (their imports side by side).
+    [standby], [launcher] = run.logs("standby_started"), run.logs("launcher_started")
+    assert standby["mono"] < launcher["mono"], (standby, launcher)
+
+
+def test_a_launcher_that_gives_up_before_its_job_starts_leaves_no_standby_behind(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """The standby starts before the launcher reaches the store; a launcher that then refuses (here: its metrics
+    port is taken) kills it on its way out, at once, rather than leaving it to warm up for nothing."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = launch(tmp_path, store_server.address, job_id, "--steps", "20",
+                      launcher_args=("--metrics-port", str(port)))
+        code, out = finish(proc, timeout=60)
+    assert code == 2 and str(port) in out, out[-3000:]
+    [standby] = AllreduceRun(tmp_path).logs("standby_started")
+    wait_until(lambda: not Path(f"/proc/{standby['pid']}").exists(), 10, "the standby to be gone with its launcher")
 
 
 def test_hung_rank_is_fenced_by_its_launcher_before_the_gloo_timeout(

@@ -105,6 +105,7 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
             server.stop()
 
 
+@pytest.mark.slow  # both kinds of participant compared (40 s); the bench itself is in the default set
 def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tmp_path: Path) -> None:
     """`--participants events` runs the same ftcoord code on greenlets with chaos.wire_store's clients: its bulk
     workers say so once started, and a participant's requests per advance, operation by operation, are those of

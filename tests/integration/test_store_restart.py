@@ -39,6 +39,7 @@ def test_two_store_restarts_and_a_rank_killed_while_the_store_was_away(tmp_path:
     assert all(g == 1 or g > EPOCH_SPAN for g in generations), "a restarted store decided an old epoch's number"
 
 
+@pytest.mark.slow  # a 12 s hang (60 s); a 2 s one below and test_store_link's stay in the default set
 def test_a_store_hung_past_a_calls_deadline_is_ridden_through(tmp_path: Path) -> None:
     """The bundled store-hang scenario: the store SIGSTOPped 12 s, past the 10 s a call may go unanswered.
     Every hung call is cut and reconnected, training never stops, and nobody is taken for dead: one

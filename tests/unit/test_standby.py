@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,3 +98,25 @@ def test_a_scripts_replacement_finds_what_every_optimizer_imports_already_loaded
         assert seen.read_text().split() == ["torch", "torch._dynamo"]
     finally:
         standby.close()
+
+
+def test_the_launcher_starts_its_standby_before_it_imports_torch(tmp_path: Path) -> None:
+    """ftcoord.launch starts the node's standby before it imports torch itself: the two imports run side by side
+    (~2 s off every job's start here). Whatever the launcher reaches before that start must stay torch-free."""
+    script = (
+        "import sys\n"
+        "from ftcoord import launch, log\n"
+        "config, _ = launch.parse_config(['--store', '127.0.0.1:29999', '--job-id', 'early', '--nproc', '2', '--',\n"
+        "                                 sys.executable, '-m', 'training', '--steps', '5'])\n"
+        "keeper = launch._start_standby(config, log.get_logger(component='launcher'))\n"
+        "assert keeper.standby is not None, 'no standby started'\n"
+        "print(keeper.standby.process.pid, 'torch' in sys.modules, flush=True)\n"
+        "keeper.release(timeout=0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pid, torch_imported = done.stdout.split()[-2:]
+    assert torch_imported == "False", "the launcher imported torch before it started its standby"
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
+               10, "the released standby to exit")

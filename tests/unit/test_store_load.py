@@ -122,6 +122,7 @@ def test_the_store_does_not_grow_with_generations(job_id: str) -> None:
     assert counts[last] == counts[TOMBSTONE_SPAN + 10], f"keys after each number of generations: {counts}"
 
 
+@pytest.mark.slow  # a load measured over 30 s; a member's budget at steady state is in the default set
 def test_a_hot_spare_waiting_for_its_turn_stays_within_the_budget_too(store_server: StoreServer, job_id: str) -> None:
     """A hot spare waits for a record for as long as the job runs (hours). It sent ~8 requests a second, twice the
     budget: it looked at the job's end (fatal, done, stopped) and at the running generation after every 2 s slice of
