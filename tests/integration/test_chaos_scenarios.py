@@ -174,6 +174,7 @@ def test_partition(tmp_path: Path) -> None:
     assert {0, 1} <= {e["slot"] for e in released}, released  # the survivors (and a resumed rank of the node, may)
 
 
+@pytest.mark.slow  # a 12 s partition, then a kill (40 s); test_partition and test_two_at_once are in the default set
 def test_a_node_silent_while_another_reason_ends_the_generation_releases_its_peers(tmp_path: Path) -> None:
     """A node stops answering; half a second later, while the others stand in a collective with it, a rank elsewhere
     is killed and its replacement's rejoin ends the generation. A rejoin was not read as a death, so nobody's group
@@ -202,6 +203,7 @@ def test_a_node_silent_while_another_reason_ends_the_generation_releases_its_pee
     assert max(back.values()) < 4.0, back
 
 
+@pytest.mark.slow  # a stuck rank, then the leader killed (35 s); each alone is in the default set
 def test_a_member_replaced_while_its_peers_wait_on_a_stuck_rank_releases_them(tmp_path: Path) -> None:
     """A rank's training thread stops (its heartbeat runs, its connections stay open); 0.3 s later the leader is
     killed. Its replacement's rejoin wins the interrupt before anyone declares the death, and the two live members

@@ -14,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow  # the whole bench at 32 (55 s); its refusals and its workers' deaths are in the default set
 def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "scale"
     result = subprocess.run([sys.executable, "-m", "chaos", "bench", "--scale", "--sizes", "32", "--quick",

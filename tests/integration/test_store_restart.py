@@ -21,6 +21,7 @@ from tests.integration.test_chaos_scenarios import run
 pytestmark = pytest.mark.timeout(420)
 
 
+@pytest.mark.slow  # two restarts (40 s); one restart with a kill and a hang below is in the default set
 def test_two_store_restarts_and_a_rank_killed_while_the_store_was_away(tmp_path: Path) -> None:
     """The bundled store-restart scenario: the store SIGKILLed twice (a new, empty one on the same port 2 s
     later), rank 1 SIGKILLed during the first outage. The job finishes, exactly once, bit-identical; steps
