@@ -63,7 +63,8 @@ def test_a_launcher_that_gives_up_before_its_job_starts_leaves_no_standby_behind
     store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:
     """The standby starts before the launcher reaches the store; a launcher that then refuses (here: its metrics
-    port is taken) kills it on its way out, at once, rather than leaving it to warm up for nothing."""
+    port is taken) leaves no standby warming up for nothing (it kills it on its way out; the kernel would too, as the
+    standby dies with its launcher: this shows the user's view, not which of the two did it)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
