@@ -43,3 +43,8 @@ def job_env(config: LaunchConfig) -> dict[str, str]:
     if config.log_dir:
         values[env.LOG_DIR_ENV] = config.log_dir
     return values
+
+
+def standby_env(config: LaunchConfig) -> dict[str, str]:
+    """The warm standby's environment: the children's, with what every process is told about the job."""
+    return {**children_env(config.nproc), **job_env(config)}

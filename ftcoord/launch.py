@@ -17,7 +17,7 @@ from dataclasses import fields
 from typing import Any
 
 from ftcoord import arguments, log
-from ftcoord.children_env import children_env, job_env
+from ftcoord.children_env import standby_env
 from ftcoord.env import DEFAULT_STORE_HOST, store_timeout_from_env
 from ftcoord.errors import FtcoordError
 from ftcoord.launch_config import MAX_SPARES, SPARE_SLOT_BASE, LaunchConfig
@@ -163,7 +163,7 @@ def _start_standby(config: LaunchConfig, logger: Any) -> StandbyKeeper:
     command's modules: ~4 s here) and this launcher's own (~2 s, before it can reach the store) run side by side.
     One after the other, a job's first step came ~2 s later (and every chaos run and test that launches a job)."""
     keeper = StandbyKeeper(config.command, standby_wanted(config), logger.bind(job_id=config.job_id))
-    keeper.start({**children_env(config.nproc), **job_env(config)})
+    keeper.start(standby_env(config))
     return keeper
 
 

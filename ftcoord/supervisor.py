@@ -25,7 +25,7 @@ from dataclasses import InitVar, dataclass, field
 import torch.distributed as dist
 
 from ftcoord import env, keys, launcher_report, rebuild, scratch
-from ftcoord.children_env import children_env, job_env
+from ftcoord.children_env import children_env, job_env, standby_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.fence_watch import FenceWatch
 from ftcoord.heartbeat import mark_dead
@@ -91,11 +91,11 @@ class Supervisor:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
         if self.config.warm_standby and not PythonCommand.parse(self.config.command):
             self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
-        self._use_standby = standby_wanted(self.config)
         self._job_restarts: JobRestarts | None = None
         if self.config.restart_policy == "job":
             self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.job_restarts)
-        self.standby = early_standby or StandbyKeeper(self.config.command, self._use_standby, self._log)
+        self.standby = early_standby or StandbyKeeper(self.config.command, standby_wanted(self.config), self._log)
+        self._standby_env = standby_env(self.config)
         self._fences = FenceWatch(self.store, self._log)
         self._job_end = JobEndWatch(self.config.grace_s, get_or_none(self.store, keys.STOPPED))
         self._env = children_env(self.config.nproc)
@@ -135,7 +135,7 @@ class Supervisor:
         While the standby is still warming up (it was started moments ago, or restarted), the start
         waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
         """
-        forked = self._fork(slot) if from_standby and self._use_standby else None
+        forked = self._fork(slot) if from_standby and self.standby.enabled else None
         if forked is None and self.standby.warming():
             slot.restart_due = time.monotonic() + 0.02  # asked again at the next ticks
             return
@@ -162,7 +162,7 @@ class Supervisor:
 
     def _refresh_standby(self) -> None:
         if self.terminating_since is None:
-            self.standby.refresh({**self._env, **job_env(self.config)}, on_ready=self._report_all)
+            self.standby.refresh(self._standby_env, on_ready=self._report_all)
 
     def _report_all(self) -> None:
         for slot in self.slots.values():

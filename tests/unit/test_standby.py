@@ -118,5 +118,4 @@ def test_the_launcher_starts_its_standby_before_it_imports_torch(tmp_path: Path)
     assert done.returncode == 0, done.stdout + done.stderr
     pid, torch_imported = done.stdout.split()[-2:]
     assert torch_imported == "False", "the launcher imported torch before it started its standby"
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
-               10, "the released standby to exit")
+    assert not Path(f"/proc/{pid}").exists(), "the released standby is still there"  # release kills and reaps it
