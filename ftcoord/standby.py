@@ -11,12 +11,18 @@ fault a cold start while a new standby warmed up: the demo measured 2.6 s per re
 
 Forking is safe because the template never runs a torch op (torch's thread pools start lazily)
 and touches no accelerator; numpy's OpenBLAS, the one library that starts a thread at import,
-shuts its pool down around fork. Protocol: the launcher writes `{"spawn": id, "env": {...}}` lines
+shuts its pool down around fork. Protocol: the launcher writes `{"spawn": id, "env": {...}, "by": T}` lines
 on the template's stdin; the template answers on its reply descriptor `{"ready": true, "refused": ...}`
 (refused: why the command's module turned its command line down, see PRELOAD_ATTRIBUTE), then
-`{"spawned": id, "pid": N}` and `{"exited": N, "code": C}` (it is the replacements' parent and
-reaps them). The template dies with its launcher, and its replacements with it; a closed stdin
-lets it exit once its last replacement has.
+`{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a `time.monotonic()` deadline, and
+forked nothing) and `{"exited": N, "code": C}` (it is the replacements' parent and reaps them). The template
+dies with its launcher, and its replacements with it; a closed stdin lets it exit once its last replacement has.
+
+The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later
+tick (`PendingFork.collect`), so a template that stops answering (stopped, starved) holds up no fence and no other
+slot; one that has not answered by FORK_ANSWER_S is given up on (a new interpreter takes the slot), and what it
+forks after that deadline is refused or killed: never a second process for the slot. A replacement's death is seen
+without the template too (`ForkedProcess.poll` reads a zombie's exit status): a stopped template reaps nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +55,13 @@ for a command line the module would refuse. The standby imports them too; a refu
 preloads nothing (not even torch), so the processes forked from it fail in a fraction of a second
 with their own message instead of after seconds of imports."""
 STANDBY_ENV = "FTCOORD_STANDBY"  # set to "1" in a process that started as a standby
+FORK_ANSWER_S = 2.0
+"""How long the template may take to fork a replacement (milliseconds when it is well) before it forks nothing for
+that request and the launcher starts a new interpreter instead (seconds of imports, but not waiting on a template
+that is stopped or starved)."""
+FORK_MARGIN_S = 0.5
+"""How much longer than FORK_ANSWER_S the launcher waits for the answer: a fork made just before the deadline is
+still collected, not killed."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +244,9 @@ def main() -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line)
+                if time.monotonic() > request.get("by", float("inf")):  # the launcher gave up on it: no second process
+                    reply(json.dumps({"spawned": request["spawn"], "pid": None}))
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     _replacement(parsed, request["env"], reply_fd)
@@ -258,8 +274,10 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.standby.pump()
-            if self.returncode is None and not self.standby.alive and not Path(f"/proc/{self.pid}").exists():
-                self.returncode = -signal.SIGKILL  # died with its template: the exit code is gone with it
+        if self.returncode is None:
+            self.returncode = _zombie_exit_code(self.pid)  # dead, and its template has not reaped it (stopped, busy)
+        if self.returncode is None and not self.standby.alive and not Path(f"/proc/{self.pid}").exists():
+            self.returncode = -signal.SIGKILL  # died with its template: the exit code is gone with it
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -283,6 +301,45 @@ class ForkedProcess:
         self.send_signal(signal.SIGTERM)
 
 
+def _zombie_exit_code(pid: int) -> int | None:
+    """The exit code of `pid` when it has ended and its parent has not waited for it yet (a zombie's status, from
+    /proc/PID/stat); None while it runs, and once it was reaped (its template's message says the code then)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] != "Z":
+        return None
+    return os.waitstatus_to_exitcode(int(fields[49])) if len(fields) > 49 else -signal.SIGKILL  # exit_code: Linux 3.5+
+
+
+class ForkFailed(Exception):
+    """The template will not fork the replacement asked for (it died, read the request too late, or did not
+    answer in time)."""
+
+
+@dataclass(frozen=True)
+class PendingFork:
+    """A replacement asked of the template and not collected yet (WarmStandby.request_fork)."""
+
+    standby: WarmStandby
+    number: int
+    answer_by: float
+    """time.monotonic(): the template forks nothing for this request after it."""
+    give_up_at: float
+    """time.monotonic(): the launcher collects nothing for it after it (answer_by and a margin)."""
+
+    def collect(self) -> ForkedProcess | None:
+        """The replacement, once the template forked it; None while its answer is on its way. Raises ForkFailed
+        when none will come; a request not answered by give_up_at is given up (abandon)."""
+        return self.standby.collect(self)
+
+    def abandon(self) -> None:
+        """Nobody will collect this fork: the template forks nothing for it after answer_by, and a process it forked
+        before that is killed as soon as its answer comes."""
+        self.standby.abandon(self)
+
+
 @dataclass
 class WarmStandby:
     """The launcher's handle on its warm standby (see the module docstring)."""
@@ -295,7 +352,8 @@ class WarmStandby:
     nothing heavy); None when it preloaded."""
     children: dict[int, ForkedProcess] = field(default_factory=dict)
     _buffer: bytes = b""
-    _spawned: dict[int, int] = field(default_factory=dict)
+    _spawned: dict[int, int | None] = field(default_factory=dict)
+    _abandoned: set[int] = field(default_factory=set)
     _requests: int = 0
 
     @classmethod
@@ -325,39 +383,74 @@ class WarmStandby:
             if "ready" in message:
                 self.ready, self.refused = True, message["refused"]
             elif "spawned" in message:
-                self._spawned[message["spawned"]] = message["pid"]
+                self._answered(message["spawned"], message["pid"])
             elif message["exited"] in self.children:
                 self.children.pop(message["exited"]).returncode = message["code"]
 
-    def spawn(self, env: dict[str, str], timeout: float = 5.0) -> ForkedProcess | None:
-        """A replacement with `env` added, forked now; None when the standby cannot (dead, or not answering)."""
+    def collect(self, pending: PendingFork) -> ForkedProcess | None:
+        """See PendingFork.collect."""
+        self.pump()
+        if pending.number in self._spawned:
+            pid = self._spawned.pop(pending.number)
+            if pid is None:
+                raise ForkFailed("the standby read the request after its deadline and forked nothing")
+            child = ForkedProcess(pid, self)
+            self.children[pid] = child
+            return child
+        if not self.alive:
+            raise ForkFailed(f"the standby died (exit code {self.process.returncode})")
+        if time.monotonic() > pending.give_up_at:
+            self.abandon(pending)
+            raise ForkFailed(f"the standby did not answer by its deadline and a margin "
+                             f"({pending.give_up_at - pending.answer_by:.1f} s): stopped or starved")
+        return None
+
+    def abandon(self, pending: PendingFork) -> None:
+        """See PendingFork.abandon."""
+        self._abandoned.add(pending.number)
+        if pending.number in self._spawned:  # answered, not collected
+            self._answered(pending.number, self._spawned.pop(pending.number))
+
+    def _answered(self, number: int, pid: int | None) -> None:
+        if number not in self._abandoned:
+            self._spawned[number] = pid
+            return
+        self._abandoned.discard(number)
+        if pid is not None:  # forked just before its deadline, after the launcher gave up on it: not a second process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def request_fork(self, env: dict[str, str], answer_s: float = FORK_ANSWER_S,
+                     margin_s: float = FORK_MARGIN_S) -> PendingFork | None:
+        """Ask for a replacement with `env` added, forked at once; collect it with PendingFork.collect at later ticks.
+        None when the standby cannot take requests (not ready, or dead)."""
         if not self.ready or not self.alive or self.process.stdin is None:
             return None
         self._requests += 1
-        request = self._requests
+        answer_by = time.monotonic() + answer_s
+        pending = PendingFork(self, self._requests, answer_by, answer_by + margin_s)
         try:
-            self.process.stdin.write((json.dumps({"spawn": request, "env": env}) + "\n").encode())
+            line = json.dumps({"spawn": pending.number, "env": env, "by": pending.answer_by}) + "\n"
+            self.process.stdin.write(line.encode())
             self.process.stdin.flush()
         except BrokenPipeError:
             return None
-        deadline = time.monotonic() + timeout
-        while request not in self._spawned:
-            if time.monotonic() > deadline or not self.alive:
-                return None
-            time.sleep(0.001)
-            self.pump()
-        child = ForkedProcess(self._spawned.pop(request), self)
-        self.children[child.pid] = child
-        return child
+        return pending
+
+    def wait_answer(self, timeout: float) -> None:
+        """Sleep until the template says something (a fork's answer, say) or `timeout` passes."""
+        select.select([self.reply_fd], [], [], timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Let the standby go: it exits once its replacements have (killed after `timeout`)."""
         if self.process.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 self.process.stdin.close()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + timeout
+        while self.alive and time.monotonic() < deadline:
+            self.pump()  # a fork given up on and made anyway is killed (_answered), not waited for
+            time.sleep(0.005)
+        if self.alive:
             self.process.kill()
             wait_killed(self.process)
         os.close(self.reply_fd)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ftcoord import launcher_report
 from ftcoord.launch_config import LaunchConfig
-from ftcoord.standby import ForkedProcess, PythonCommand, WarmStandby
+from ftcoord.standby import ForkedProcess, ForkFailed, PendingFork, PythonCommand, WarmStandby
 
 STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
 
@@ -26,13 +26,14 @@ def standby_wanted(config: LaunchConfig) -> bool:
 
 
 class StandbyKeeper:
-    """Starts the standby, restarts it when it died, says when it is ready, forks from it."""
+    """Starts the standby, restarts it when it died, says when it is ready, asks it for forks."""
 
     def __init__(self, command: list[str], enabled: bool, log: object) -> None:
         self._command = command
         self.enabled = enabled
         self._log = log
         self.standby: WarmStandby | None = None
+        self._forks: dict[int, PendingFork] = {}
         self._started: float | None = None
 
     def refresh(self, env: dict[str, str], on_ready: Callable[[], None]) -> None:
@@ -73,11 +74,43 @@ class StandbyKeeper:
         return (self.standby is not None and self.standby.alive and not self.standby.ready
                 and self._started is not None and time.monotonic() - self._started < STANDBY_WAIT_S)
 
-    def fork(self, env: dict[str, str]) -> ForkedProcess | None:
-        """A process forked by the ready standby with `env` added; None when there is none ready."""
-        if self.standby is None:
-            return None
-        return self.standby.spawn(env)
+    def ask(self, key: int, env: dict[str, str]) -> bool:
+        """Ask the ready standby for a process with `env` added, collected under `key` (a slot) at later ticks
+        (collect); False when none is ready."""
+        pending = self.standby.request_fork(env) if self.standby is not None else None
+        if pending is not None:
+            self._forks[key] = pending
+        return pending is not None
+
+    def forking(self, key: int) -> bool:
+        """A process asked for under `key` is on its way."""
+        return key in self._forks
+
+    def collect(self, key: int) -> ForkedProcess | None:
+        """The process asked for under `key`, once forked; None while on its way. Raises ForkFailed when none will
+        come (ftcoord.standby.PendingFork.collect)."""
+        try:
+            forked = self._forks[key].collect()
+        except ForkFailed:
+            del self._forks[key]
+            raise
+        if forked is not None:
+            del self._forks[key]
+        return forked
+
+    def abandon_forks(self) -> None:
+        """Collect none of the processes on their way (the launcher stops, or starts every process afresh): the
+        standby forks nothing for them, or they are killed."""
+        for pending in self._forks.values():
+            pending.abandon()
+        self._forks.clear()
+
+    def sleep(self, timeout: float) -> None:
+        """Sleep `timeout`; less when a process is on its way and the standby answers sooner."""
+        if self._forks and self.standby is not None:
+            self.standby.wait_answer(timeout)
+        else:
+            time.sleep(timeout)
 
     def state(self) -> str:
         """For the launcher's report (ftcoord.launcher_report)."""
@@ -87,6 +120,7 @@ class StandbyKeeper:
 
     def release(self, timeout: float = 10.0) -> None:
         """Let the standby go (killed after `timeout`: 0 for a launcher that gives up before it started anything)."""
+        self.abandon_forks()
         if self.standby is not None:
             self.standby.close(timeout)
             self.standby = None

@@ -36,7 +36,7 @@ from ftcoord.log import get_logger
 from ftcoord.process_state import stopped
 from ftcoord.reap import wait_killed
 from ftcoord.restart_delay import RestartDelay
-from ftcoord.standby import ForkedProcess, PythonCommand
+from ftcoord.standby import ForkedProcess, ForkFailed, PythonCommand
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.store import get_or_none, read_int
 
@@ -63,6 +63,9 @@ class SlotProcess:
     restart_kinds: Counter[str] = field(default_factory=Counter)
     """Restarts by what ended the process before (ftcoord.launcher_report.RESTART_KINDS)."""
     restart_due: float | None = None
+    forking_incarnation: int = 0
+    """The incarnation of its process asked of the standby and not collected yet: read before the request, as that
+    process may register before the launcher collects it."""
     from_standby: bool = False
     finished: bool = False
     fence_killed: bool = False
@@ -132,24 +135,38 @@ class Supervisor:
     def _start(self, slot: SlotProcess, from_standby: bool = True) -> None:
         """Start the slot's process: forked by the warm standby, or a new interpreter.
 
-        While the standby is still warming up (it was started moments ago, or restarted), the start
+        A fork is asked for here and collected at the next ticks (the loop wakes when the standby answers, within
+        milliseconds): the launcher never waits for its standby, so one that is stopped or starved holds up no fence
+        and no other slot, and one that has not answered in time (ftcoord.standby.FORK_ANSWER_S) is given up for a
+        new interpreter. While the standby is still warming up (it was started moments ago, or restarted), the start
         waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
         """
-        forked = self._fork(slot) if from_standby and self.standby.enabled else None
-        if forked is None and self.standby.warming():
-            slot.restart_due = time.monotonic() + 0.02  # asked again at the next ticks
-            return
-        slot.incarnation = read_int(self.store, keys.incarnation(slot.slot)) + 1
-        self.store.compare_set(keys.fence(slot.slot), "", "0")  # exists before the child does: _fence never blocks
+        forked = None
+        if from_standby and self.standby.enabled:
+            try:
+                forked = self._fork(slot)
+            except ForkFailed as exc:
+                self._log.warning("standby_fork_failed", slot=slot.slot, reason=str(exc))
+            else:
+                if forked is None and (self.standby.forking(slot.slot) or self.standby.warming()):
+                    slot.restart_due = time.monotonic()  # collected, or asked again, at the next tick
+                    return
         if forked is not None:
-            slot.process, slot.from_standby = forked, True
+            slot.process, slot.from_standby, slot.incarnation = forked, True, slot.forking_incarnation
         else:
+            slot.incarnation = self._next_incarnation(slot)
             slot.process = subprocess.Popen(self.config.command, env={**self._env, **self._child_env(slot)})
             slot.from_standby = False
         slot.restart_due, slot.fence_killed = None, False
         self._log.info("child_started", slot=slot.slot, pid=slot.process.pid, incarnation=slot.incarnation,
                        from_standby=slot.from_standby, restarts=slot.restarts)
         self._report(slot)
+
+    def _next_incarnation(self, slot: SlotProcess) -> int:
+        """The incarnation the slot's next process will register as; its fence key exists before that process does
+        (the process's _fence never blocks)."""
+        self.store.compare_set(keys.fence(slot.slot), "", "0")
+        return read_int(self.store, keys.incarnation(slot.slot)) + 1
 
     def _report(self, slot: SlotProcess) -> None:
         self._report_to(self.store, slot)
@@ -169,9 +186,14 @@ class Supervisor:
             self._report(slot)
 
     def _fork(self, slot: SlotProcess) -> ForkedProcess | None:
-        """The slot's process forked by the ready warm standby, in milliseconds; None when it is not ready."""
-        self._refresh_standby()
-        return self.standby.fork(self._child_env(slot))
+        """The slot's process forked by the ready warm standby; None while it is on its way or when no standby is
+        ready. Raises ForkFailed when the standby will not fork it."""
+        if not self.standby.forking(slot.slot):
+            self._refresh_standby()
+            slot.forking_incarnation = self._next_incarnation(slot)
+            if not self.standby.ask(slot.slot, self._child_env(slot)):
+                return None
+        return self.standby.collect(slot.slot)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -189,7 +211,7 @@ class Supervisor:
                     if code is not None:
                         self.standby.release()
                         return code
-                    time.sleep(self.config.poll_s)
+                    self.standby.sleep(self.config.poll_s)  # less when it answers a fork sooner
             except (StoreLost, Superseded) as exc:
                 return self._store_lost(exc)
         finally:
@@ -354,6 +376,7 @@ class Supervisor:
         return None
 
     def _kill_all(self) -> None:
+        self.standby.abandon_forks()
         for slot in self.slots.values():
             if slot.process is not None and slot.process.poll() is None:
                 slot.process.kill()
@@ -387,6 +410,7 @@ class Supervisor:
         for): the processes saw it too; they write their emergency checkpoint and exit 75. Wait for them (up
         to the grace period), then end with the same code."""
         self._log.error("store_lost_exit", error=str(exc), exit_code=EXIT_STORE_LOST)
+        self.standby.abandon_forks()
         print(f"ftcoord-launch: {exc}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + self.config.grace_s
         for slot in self.slots.values():
@@ -415,6 +439,7 @@ class Supervisor:
 
     def _tick_terminating(self, now: float) -> int | None:
         assert self.terminating_since is not None
+        self.standby.abandon_forks()  # here, not in terminate: a signal handler may interrupt a fork's collection
         alive = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not alive:
             ended = [(s.process.returncode, s.fence_killed) for s in self.slots.values() if s.process is not None]

@@ -77,6 +77,49 @@ def test_a_launcher_that_gives_up_before_its_job_starts_leaves_no_standby_behind
     wait_until(lambda: not Path(f"/proc/{standby['pid']}").exists(), 10, "the standby to be gone with its launcher")
 
 
+def test_a_stopped_standby_holds_up_no_fence_and_forks_no_second_process_for_a_slot(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """The launcher asks its standby for a replacement and collects it at a later tick; it never waits for the answer
+    in its loop. A standby that stops answering (SIGSTOP here; a starved node alike) must not hold up a fence of
+    another slot (the launcher used to wait 5 s in its loop for the fork), and once it wakes it must not fork a
+    second process for a slot the launcher started afresh meanwhile (it used to: a ghost the launcher never knew)."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "400", nproc=3)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
+        [standby] = run.logs("standby_started")
+        store = job_store(connect(store_server.address), job_id)
+        leader = LeaderClaim.parse(store.get(keys.LEADER))
+        replaced, fenced = [slot for slot in range(3) if slot != leader.slot]
+        os.kill(standby["pid"], signal.SIGSTOP)
+        try:
+            killed_at = time.monotonic()
+            os.kill(run.pid_of(replaced), signal.SIGKILL)
+            wait_until(lambda: [e for e in run.logs("slot_restart_scheduled") if e["slot"] == replaced], 10,
+                       "the launcher to ask its standby for the replacement")
+            victim, incarnation = run.pid_of(fenced), read_int(store, keys.incarnation(fenced))
+            fenced_at = time.monotonic()
+            store.set(keys.fence(fenced), f"{leader.term}:{incarnation}")
+            [killed] = wait_until(lambda: [e for e in run.logs("rank_fenced_killed") if e["pid"] == victim], 15,
+                                  "the launcher to carry out the fence")
+            wait_until(lambda: [e for e in run.logs("child_started") if e["slot"] == replaced
+                                and e["mono"] > killed_at], 15, "the launcher to start the replacement afresh")
+        finally:
+            os.kill(standby["pid"], signal.SIGCONT)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    assert killed["mono"] - fenced_at < 1.0, f"the fence waited {killed['mono'] - fenced_at:.2f} s for the standby"
+    for slot in (replaced, fenced):
+        started = {e["pid"] for e in run.logs("child_started") if e["slot"] == slot}
+        ran = {e["pid"] for e in run.events("generation") if e["slot"] == slot}
+        assert ran <= started, f"slot {slot} was held by a process its launcher never started: {ran - started}"
+    run.assert_correct(400)
+
+
 def test_hung_rank_is_fenced_by_its_launcher_before_the_gloo_timeout(
     store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:

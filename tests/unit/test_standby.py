@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ftcoord import env
-from ftcoord.standby import WarmStandby
+from ftcoord.standby import ForkedProcess, ForkFailed, WarmStandby
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 
@@ -43,6 +44,27 @@ def start(args: list[str], niced: bool = False, command: list[str] | None = None
     return standby
 
 
+def fork_now(standby: WarmStandby, values: dict[str, str]) -> ForkedProcess:
+    """A replacement asked for and collected (the launcher collects it at its next ticks instead)."""
+    pending = standby.request_fork(values)
+    assert pending is not None, "the standby took no request"
+    return wait_until(pending.collect, 10, "the standby to fork the replacement")
+
+
+def live_children(pid: int) -> set[int]:
+    """The processes `pid` forked that are alive (not zombies)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(child) for child in children if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            != "Z"}
+
+
+def sleeper(tmp_path: Path) -> WarmStandby:
+    """A standby of a script that sleeps a minute: its replacements live until they are killed."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    return start([], command=[sys.executable, str(script)])
+
+
 def test_a_good_command_line_is_preloaded() -> None:
     standby = start(["--steps", "5", "--global-batch", "8"])
     try:
@@ -58,8 +80,7 @@ def test_a_standby_warmed_niced_forks_replacements_at_normal_priority() -> None:
     standby = start(["--steps", "5", "--global-batch", "8"], niced=True)
     try:
         assert nice_of(standby.process.pid) == 0
-        child = standby.spawn({env.SLOT_ENV: "0"})
-        assert child is not None
+        child = fork_now(standby, {env.SLOT_ENV: "0"})
         assert nice_of(child.pid) == 0
         child.kill()
     finally:
@@ -77,8 +98,7 @@ def test_a_refused_command_line_preloads_nothing_and_its_processes_fail_at_once(
         assert standby.refused is not None and says in standby.refused, standby.refused
         assert not torch_loaded(standby.process.pid)
         started = time.monotonic()
-        child = standby.spawn({env.SLOT_ENV: "0"})
-        assert child is not None
+        child = fork_now(standby, {env.SLOT_ENV: "0"})
         assert child.wait(timeout=10) == 2  # the command's own answer to a bad configuration
         assert time.monotonic() - started < 2.0
     finally:
@@ -93,11 +113,68 @@ def test_a_scripts_replacement_finds_what_every_optimizer_imports_already_loaded
                       "open(sys.argv[1], 'w').write(' '.join(loaded))\n")
     standby = start([str(seen)], command=[sys.executable, str(script)])
     try:
-        child = standby.spawn({env.SLOT_ENV: "0"})
-        assert child is not None and child.wait(timeout=10) == 0
+        child = fork_now(standby, {env.SLOT_ENV: "0"})
+        assert child.wait(timeout=10) == 0
         assert seen.read_text().split() == ["torch", "torch._dynamo"]
     finally:
         standby.close()
+
+
+def test_a_replacements_death_is_seen_while_its_standby_is_stopped(tmp_path: Path) -> None:
+    """The template reaps its replacements and says so; a stopped one says nothing, and its launcher used to see none
+    of its ranks die (no restart, no death marked) until it woke. The launcher reads the zombie's exit status."""
+    standby = sleeper(tmp_path)
+    try:
+        child = fork_now(standby, {env.SLOT_ENV: "0"})
+        os.kill(standby.process.pid, signal.SIGSTOP)
+        os.kill(child.pid, signal.SIGKILL)
+        assert wait_until(lambda: child.poll() is not None, 5, "the launcher to see the death") is True
+        assert child.returncode == -signal.SIGKILL
+    finally:
+        os.kill(standby.process.pid, signal.SIGCONT)
+        standby.close()
+
+
+def test_a_request_the_standby_reads_after_its_deadline_forks_nothing(tmp_path: Path) -> None:
+    """A stopped (or starved) standby reads a request late: by then its launcher started a new interpreter for the
+    slot, and a fork would be a second process for it."""
+    standby = sleeper(tmp_path)
+    try:
+        os.kill(standby.process.pid, signal.SIGSTOP)
+        late = standby.request_fork({env.SLOT_ENV: "0"}, answer_s=0.2, margin_s=30)  # the launcher waits on here
+        assert late is not None
+        wait_until(lambda: time.monotonic() > late.answer_by + 0.1, 5, "the request's deadline to pass")
+        os.kill(standby.process.pid, signal.SIGCONT)
+
+        def answer() -> str:
+            try:
+                return "forked" if late.collect() is not None else ""
+            except ForkFailed as exc:
+                return str(exc)
+
+        assert "after its deadline" in wait_until(answer, 10, "the standby to answer")
+        assert not live_children(standby.process.pid)
+    finally:
+        os.kill(standby.process.pid, signal.SIGCONT)
+        standby.close(timeout=0)
+
+
+def test_a_fork_given_up_on_and_made_anyway_is_killed_when_its_answer_comes(tmp_path: Path) -> None:
+    """The launcher gave up on a fork (stopping, or the answer came too late) that the template still made, in time
+    by its own deadline: the process is killed as the answer arrives, never left running beside the slot's own."""
+    standby = sleeper(tmp_path)
+    try:
+        os.kill(standby.process.pid, signal.SIGSTOP)
+        pending = standby.request_fork({env.SLOT_ENV: "0"}, answer_s=30)
+        assert pending is not None
+        pending.abandon()
+        os.kill(standby.process.pid, signal.SIGCONT)
+        kept = fork_now(standby, {env.SLOT_ENV: "0"})  # answered after the abandoned one: its answer was read
+        wait_until(lambda: live_children(standby.process.pid) == {kept.pid}, 5, "the abandoned fork to be killed")
+        kept.kill()
+    finally:
+        os.kill(standby.process.pid, signal.SIGCONT)
+        standby.close(timeout=0)
 
 
 def test_the_launcher_starts_its_standby_before_it_imports_torch(tmp_path: Path) -> None:
