@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import InitVar, dataclass, field
 
 import torch.distributed as dist
@@ -33,14 +32,11 @@ from ftcoord.job_end import JobEndWatch
 from ftcoord.job_restarts import JobRestarts
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
-from ftcoord.process_state import stopped
 from ftcoord.reap import wait_killed
-from ftcoord.restart_delay import RestartDelay
+from ftcoord.slot_process import SlotProcess
 from ftcoord.standby import ForkedProcess, ForkFailed, PythonCommand
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.store import get_or_none, read_int
-
-REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -49,35 +45,6 @@ EXIT_USAGE = 2
 command (argparse's code, `python -m training`'s for any configuration error), which no restart can fix."""
 EXIT_RESTARTS_EXHAUSTED = 3
 EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-@dataclass
-class SlotProcess:
-    """The process currently holding a slot on this node."""
-
-    slot: int
-    local_rank: int
-    process: subprocess.Popen[bytes] | ForkedProcess | None = None
-    incarnation: int = 0  # the incarnation the process gets when it registers
-    restarts: int = 0
-    restart_kinds: Counter[str] = field(default_factory=Counter)
-    """Restarts by what ended the process before (ftcoord.launcher_report.RESTART_KINDS)."""
-    restart_due: float | None = None
-    forking_incarnation: int = 0
-    """The incarnation of its process asked of the standby and not collected yet: read before the request, as that
-    process may register before the launcher collects it."""
-    from_standby: bool = False
-    finished: bool = False
-    fence_killed: bool = False
-    fence_ignored: bytes = b""
-    """A fence of a deposed leader's term, not carried out (see Supervisor._fence)."""
-    replacing: int = 0
-    """The incarnation announced as on its way (keys.replacing) until it registers; 0 when none."""
-    replacing_beat: int = 0
-    replacing_beat_at: float = 0.0
-    delay: RestartDelay = field(default_factory=RestartDelay)
-    """Before its next process: at once after a fault, backing off only while its processes die before they
-    come up (ftcoord.restart_delay)."""
 
 
 @dataclass
@@ -238,7 +205,8 @@ class Supervisor:
         if all(s.finished for s in self.slots.values()):
             self._log.info("launcher_done", job_restarts=self.job_restarts)
             return EXIT_OK
-        self._announce_replacements(now)
+        for slot in self.slots.values():
+            slot.beat_replacement(self.store, now)
         self._fence(now)
         if self._job_restarts is not None and (number := self._job_restarts.asked_elsewhere(now)) is not None:
             return self._restart_job(number, asked_here=False)
@@ -262,12 +230,9 @@ class Supervisor:
     def _replacement_coming(self, slot: SlotProcess, registered: int) -> None:
         """Say a replacement is coming *before* the death is known (a fenced process not yet reaped, an
         exit not yet marked), so the leader waits for it instead of shrinking the world and growing it
-        back a moment later (see _announce_replacements)."""
-        if self.config.restart_policy != "slot" or slot.restarts >= self.config.max_restarts:
-            return
-        if slot.replacing != registered + 1:
-            slot.replacing, slot.replacing_beat = registered + 1, 0
-            self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:0")
+        back a moment later (ftcoord.slot_process)."""
+        if self.config.restart_policy == "slot" and slot.restarts < self.config.max_restarts:
+            slot.replacement_coming(self.store, registered)
 
     def _on_exit(self, slot: SlotProcess, code: int) -> int | None:
         pid = slot.process.pid if slot.process else None
@@ -308,27 +273,6 @@ class Supervisor:
         slot.restart_due = time.monotonic() + delay
         self._log.info("slot_restart_scheduled", slot=slot.slot, delay_s=delay, restarts=slot.restarts)
         return None
-
-    def _announce_replacements(self, now: float) -> None:
-        """Keep saying "on its way" for each replacement until it registers.
-
-        The leader waits for a replacement while this beat moves (up to barrier_timeout): a cold
-        start on a busy node can take many seconds, and deciding without it would shrink the world
-        and grow it back a moment later. A launcher that dies or gives up stops beating, and the
-        leader stops waiting one heartbeat timeout later; so for a replacement stopped before it registered
-        (ftcoord.process_state), which the job waited for up to barrier_timeout. Continued, it grows the job back.
-        """
-        for slot in self.slots.values():
-            if not slot.replacing or now - slot.replacing_beat_at < REPLACING_BEAT_S:
-                continue
-            if slot.process is not None and stopped(slot.process.pid):
-                continue
-            if read_int(self.store, keys.incarnation(slot.slot)) >= slot.replacing:
-                slot.replacing = 0  # it registered: its own heartbeat speaks for it now
-                continue
-            slot.replacing_beat += 1
-            slot.replacing_beat_at = now
-            self.store.set(keys.replacing(slot.slot), f"{slot.replacing}:{slot.replacing_beat}")
 
     def _configuration_error(self, slot: SlotProcess, pid: int | None) -> int:
         """A child refused its command line or configuration (exit 2): end the job now, restart nothing.
