@@ -16,7 +16,10 @@ on the template's stdin; the template answers on its reply descriptor `{"ready":
 (refused: why the command's module turned its command line down, see PRELOAD_ATTRIBUTE), then
 `{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a `time.monotonic()` deadline, and
 forked nothing) and `{"exited": N, "code": C}` (it is the replacements' parent and reaps them). The template
-dies with its launcher, and its replacements with it; a closed stdin lets it exit once its last replacement has.
+dies with its launcher (a parent-death signal), and so do its replacements, though not with the template: each
+watches a lifeline, a pipe whose write end only the launcher holds (`_die_with_launcher`), so the template's own
+death (the kernel's pick when memory runs out, say) takes no rank with it; the launcher sees their deaths without
+it (below) and starts a new template. A closed stdin lets the template exit once its last replacement has.
 
 The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later
 tick (`PendingFork.collect`), so a template that stops answering (stopped, starved) holds up no fence and no other
@@ -47,6 +50,7 @@ from ftcoord.env import die_with_launcher
 from ftcoord.reap import wait_killed
 
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
+LIFELINE_FD_ENV = "FTCOORD_STANDBY_LIFELINE_FD"
 NICE_ENV = "FTCOORD_STANDBY_NICE"
 PRELOAD_ATTRIBUTE = "ftcoord_preload"
 """A module run with -m may name, under this name, what it imports late (after parsing its arguments,
@@ -180,19 +184,22 @@ def _preload_niced(parsed: PythonCommand, niced: bool) -> str | None:
     return outcome.get("refused")
 
 
-def _die_with_parent() -> None:
-    """A replacement dies with its template (which dies with the launcher)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def _die_with_launcher(lifeline: int) -> None:
+    """A replacement dies with its launcher, however it ends, and not with its template: a thread waits for the end of
+    its lifeline, a pipe whose write end only the launcher holds. (A parent-death signal fires at the template's
+    death: a standby killed took every rank of its node with it, and their recovery waited for a new one to warm.)"""
 
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
+    def watch() -> None:
+        try:
+            os.read(lifeline, 1)  # nothing is ever written: returns at the end, when the launcher is gone
+        except OSError:
+            return  # the command closed it: nothing left to watch (its launcher's fences still reach it)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ftcoord-lifeline", daemon=True).start()
 
 
-def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int) -> None:
+def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int, lifeline: int) -> None:
     """In a forked child: become the slot's process and run the command; never returns."""
     code = 1
     try:
@@ -202,7 +209,7 @@ def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int) -> N
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        _die_with_parent()
+        _die_with_launcher(lifeline)
         os.environ.update(env)
         os.environ[STANDBY_ENV] = "1"
         code = parsed.run()
@@ -228,6 +235,8 @@ def main() -> None:
     # Warm up at low priority when ranks already train here: the import must not slow them.
     refused = _preload_niced(parsed, niced=os.environ.pop(NICE_ENV, "1") == "1")
     reply_fd = int(os.environ.pop(READY_FD_ENV))
+    lifeline = int(os.environ.pop(LIFELINE_FD_ENV))
+    os.set_inheritable(lifeline, False)  # forks keep it; what a replacement runs with exec need not
 
     def reply(message: str) -> None:
         os.write(reply_fd, (message + "\n").encode())
@@ -249,7 +258,7 @@ def main() -> None:
                     continue
                 pid = os.fork()
                 if pid == 0:
-                    _replacement(parsed, request["env"], reply_fd)
+                    _replacement(parsed, request["env"], reply_fd, lifeline)
                 children.add(pid)
                 reply(json.dumps({"spawned": request["spawn"], "pid": pid}))
         elif not stdin_open:
@@ -346,6 +355,8 @@ class WarmStandby:
 
     process: subprocess.Popen[bytes]
     reply_fd: int
+    lifeline_fd: int
+    """The write end of its replacements' lifeline (_die_with_launcher): open while they may run; close ends them."""
     ready: bool = False
     refused: str | None = None
     """Why the command's module refused its command line when the standby warmed up (it preloaded
@@ -359,12 +370,15 @@ class WarmStandby:
     @classmethod
     def start(cls, command: list[str], env: dict[str, str], niced: bool = True) -> WarmStandby:
         read_fd, write_fd = os.pipe()
+        lifeline_read, lifeline_write = os.pipe()
         process = subprocess.Popen([sys.executable, "-m", "ftcoord.standby", "--", *command], stdin=subprocess.PIPE,
-                                   pass_fds=(write_fd,),
-                                   env={**env, READY_FD_ENV: str(write_fd), NICE_ENV: "1" if niced else "0"})
+                                   pass_fds=(write_fd, lifeline_read),
+                                   env={**env, READY_FD_ENV: str(write_fd), LIFELINE_FD_ENV: str(lifeline_read),
+                                        NICE_ENV: "1" if niced else "0"})
         os.close(write_fd)
+        os.close(lifeline_read)
         os.set_blocking(read_fd, False)
-        return cls(process, read_fd)
+        return cls(process, read_fd, lifeline_write)
 
     @property
     def alive(self) -> bool:
@@ -442,7 +456,8 @@ class WarmStandby:
         select.select([self.reply_fd], [], [], timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Let the standby go: it exits once its replacements have (killed after `timeout`)."""
+        """Let the standby go: it exits once its replacements have (killed after `timeout`, and what it forked with
+        it: the lifeline ends)."""
         if self.process.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 self.process.stdin.close()
@@ -454,6 +469,7 @@ class WarmStandby:
             self.process.kill()
             wait_killed(self.process)
         os.close(self.reply_fd)
+        os.close(self.lifeline_fd)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ class StandbyKeeper:
         log = self._log
         if self.standby is not None and not self.standby.alive:
             log.warning("standby_died", pid=self.standby.process.pid, code=self.standby.process.returncode)
-            self.standby = None
+            self.standby = None  # not closed: what it forked trains on, and its lifeline stays open with this launcher
         self.start(env)
         assert self.standby is not None
         was_ready = self.standby.ready

@@ -120,6 +120,60 @@ def test_a_stopped_standby_holds_up_no_fence_and_forks_no_second_process_for_a_s
     run.assert_correct(400)
 
 
+def running(pid: int) -> bool:
+    """The process exists and has not ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_standby_takes_no_rank_with_it(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Every rank of a node is forked from its standby. They used to die with it (a parent-death signal), so the
+    standby's death (the kernel's pick when memory runs out, say) cost the node every rank and a cold start. They die
+    with their launcher instead: training goes on untouched, and a new standby warms up."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "300", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
+        [standby] = run.logs("standby_started")
+        ranks = {run.pid_of(0), run.pid_of(1)}
+        os.kill(standby["pid"], signal.SIGKILL)
+        wait_until(lambda: len(run.logs("standby_started")) == 2, 15, "the launcher to start a new standby")
+        run.wait_step(run.max_step() + 20)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    assert not run.logs("child_exited"), "a rank died with the standby"
+    assert {e["pid"] for e in run.events("generation")} == ranks
+    run.assert_correct(300)
+
+
+def test_a_killed_launcher_takes_its_ranks_and_standby_with_it(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """No rank outlives its launcher, however it died (SIGKILL here: no handler runs), nor its standby."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "100000", nproc=2)
+    run = AllreduceRun(tmp_path)
+    try:
+        run.wait_step(20)
+        wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
+        [standby] = run.logs("standby_started")
+        left = {run.pid_of(0), run.pid_of(1), standby["pid"]}
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()  # not read: ranks outliving it would hold it open
+    try:
+        wait_until(lambda: not [pid for pid in left if running(pid)], 10, "the ranks and the standby to die with it")
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_hung_rank_is_fenced_by_its_launcher_before_the_gloo_timeout(
     store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:
