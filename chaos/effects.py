@@ -15,6 +15,7 @@ read from the run's own ledger after the moment the fault was injected:
 | preempt                                           | the job stops at a step boundary, then resumes    |
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
 | slow                                              | nothing (it must not be taken for a death)        |
+| kill-standby, pause-standby                       | the job trains on: a step is committed after it   |
 | store-restart, store-hang                         | steps are committed while the store is away       |
 |   (the job standing still behind an earlier fault) | the job trains on: a step is committed after it   |
 
@@ -52,7 +53,7 @@ EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midste
            "lose": NEW_GENERATION, "partition": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
            "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING, "stuck": NEW_GENERATION,
            "pause": TRAINS_ON, "pause-leader": TRAINS_ON, "store-restart": TRAINS_THROUGH,
-           "store-hang": TRAINS_THROUGH}
+           "store-hang": TRAINS_THROUGH, "kill-standby": TRAINS_ON, "pause-standby": TRAINS_ON}
 
 
 def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],

@@ -87,6 +87,18 @@ class Launchers:
     def node_of(self, slot: int) -> Node:
         return next(n for n in self.nodes if slot in n.slots)
 
+    def standby_of(self, node: Node) -> int | None:
+        """The pid of the node's warm standby (its launcher's child that runs ftcoord.standby); None when it has none
+        running."""
+        if node.process is None or node.process.poll() is not None:
+            return None
+        for children in Path(f"/proc/{node.process.pid}/task").glob("*/children"):
+            for pid in children.read_text().split():
+                with contextlib.suppress(OSError):
+                    if b"ftcoord.standby" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                        return int(pid)
+        return None
+
     def kill(self, node: Node) -> None:
         """The node is lost: its launcher and every process it started die at once."""
         if node.process is not None and node.process.poll() is None:

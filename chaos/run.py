@@ -17,7 +17,7 @@ from chaos.inject import marker_name
 from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
 from chaos.run_store import RunStore
-from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
+from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STANDBY_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
 from ftcoord.launch_config import spare_slot
 from ftcoord.log import get_logger
 from ftcoord.store import get_or_none
@@ -234,6 +234,17 @@ class ChaosRunner:
                 return False
             self._record(index, fault, tail, pid, slot=slot)
             if kind in STOP_KINDS:
+                self._pending_conts.append((time.monotonic() + fault.duration, pid))
+        elif kind in STANDBY_KINDS:
+            node = launchers.node_of(fault.slot)
+            pid = launchers.standby_of(node)
+            if not _signal(pid, signal.SIGSTOP if kind == "pause-standby" else signal.SIGKILL):
+                if give_up:
+                    self._record(index, fault, tail, pid, fired=False,
+                                 note=f"node {node.index} had no standby for {FIRE_RETRY_S:.0f}s")
+                return False
+            self._record(index, fault, tail, pid, note=f"node {node.index}'s standby")
+            if kind == "pause-standby":
                 self._pending_conts.append((time.monotonic() + fault.duration, pid))
         elif kind == "store-restart":
             self._record(index, fault, tail, self.server.kill(fault.duration), note=f"store away {fault.duration}s")

@@ -45,8 +45,11 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "ra
 # them (the node stops answering, as on a power or network loss: no connection closes, a peer blocked on one stays
 # blocked), for good, or SIGCONT them `duration` s later when one is given (the partition heals: they run on, ghosts
 # of generations long decided); replace: a new launcher for a lost or partitioned node (a partitioned one is killed).
+# kill-standby: SIGKILL the warm standby of the node that runs `slot` (the template its ranks are forked from);
+# pause-standby: SIGSTOP it, SIGCONT it `duration` s later (a fault that comes meanwhile is replaced without it).
 OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
-                 "lose", "partition", "replace", "early-restart", "store-restart", "store-hang")
+                 "lose", "partition", "replace", "early-restart", "store-restart", "store-hang", "kill-standby",
+                 "pause-standby")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
                 "pause-leader", "stuck")
@@ -59,6 +62,8 @@ STORE_KINDS = ("store-restart", "store-hang")
 """Faults of the store server: training rides through them (no generation change is expected)."""
 STOP_KINDS = ("hang", "pause", "pause-leader")
 """SIGSTOP now, SIGCONT after the fault's duration."""
+STANDBY_KINDS = ("kill-standby", "pause-standby")
+"""Faults of a node's warm standby: its ranks train on (no generation change is expected)."""
 # In-rank faults: what the training hook does, and where in the step.
 IN_RANK_ACTIONS = {"kill-boundary": ("exit", "at_boundary"), "kill-midstep": ("exit", "after_backward"),
                    "kill-midreduce": ("exit", "mid_reduction"),
@@ -214,7 +219,11 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
     if fault.after > 0 and (fault.in_rank or fault.kind == "ckpt-crash"):
         raise ScenarioError(f"{where}: a {fault.kind} fires inside its rank's step, not {fault.after}s after it; "
                             f"after works with {[k for k in OUTSIDE_KINDS if k != 'ckpt-crash']}")
-    if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow") and fault.duration <= 0:
+    if fault.kind in STANDBY_KINDS and (not job.warm_standby or job.restart_policy == "job"):
+        raise ScenarioError(f"{where}: a {fault.kind} needs a warm standby: this job has warm_standby = "
+                            f"{job.warm_standby} and restart_policy = {job.restart_policy!r} (the standby needs 1 and "
+                            f"'slot')")
+    if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow", "pause-standby") and fault.duration <= 0:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
                             f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")

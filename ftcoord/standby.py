@@ -12,20 +12,22 @@ fault a cold start while a new standby warmed up: the demo measured 2.6 s per re
 Forking is safe because the template never runs a torch op (torch's thread pools start lazily)
 and touches no accelerator; numpy's OpenBLAS, the one library that starts a thread at import,
 shuts its pool down around fork. Protocol: the launcher writes `{"spawn": id, "env": {...}, "by": T}` lines
-on the template's stdin; the template answers on its reply descriptor `{"ready": true, "refused": ...}`
-(refused: why the command's module turned its command line down, see PRELOAD_ATTRIBUTE), then
-`{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a `time.monotonic()` deadline, and
-forked nothing) and `{"exited": N, "code": C}` (it is the replacements' parent and reaps them). The template
-dies with its launcher (a parent-death signal), and so do its replacements, though not with the template: each
-watches a lifeline, a pipe whose write end only the launcher holds (`_die_with_launcher`), so the template's own
-death (the kernel's pick when memory runs out, say) takes no rank with it; the launcher sees their deaths without
-it (below) and starts a new template. A closed stdin lets the template exit once its last replacement has.
+on the template's stdin (and `{"cancel": id}` for a request it gave up on); the template answers on its reply
+descriptor `{"ready": true, "refused": ...}` (refused: why the command's module turned its command line down, see
+PRELOAD_ATTRIBUTE), then `{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a
+`time.monotonic()` deadline, or with its cancellation, and forked nothing) and `{"exited": N, "code": C}` (it is the
+replacements' parent and reaps them). The template dies with its launcher (a parent-death signal), and so do its
+replacements, though not with the template: each watches a lifeline, a pipe whose write end only the launcher holds
+(`_die_with_launcher`), so the template's own death (the kernel's pick when memory runs out, say) takes no rank with
+it; the launcher sees their deaths without it (below) and starts a new template. A closed stdin lets the template
+exit once its last replacement has.
 
 The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later
-tick (`PendingFork.collect`), so a template that stops answering (stopped, starved) holds up no fence and no other
-slot; one that has not answered by FORK_ANSWER_S is given up on (a new interpreter takes the slot), and what it
-forks after that deadline is refused or killed: never a second process for the slot. A replacement's death is seen
-without the template too (`ForkedProcess.poll` reads a zombie's exit status): a stopped template reaps nothing.
+tick (`PendingFork.collect`), so a template that stops answering holds up no fence and no other slot. One that is
+stopped (SIGSTOP, a frozen cgroup), or has not answered by FORK_ANSWER_S (starved), is given up on at once: a new
+interpreter takes the slot, and what the template forks for it after all is refused or killed, never a second
+process for the slot. A replacement's death is seen without the template too (`ForkedProcess.poll` reads a zombie's
+exit status): a stopped template reaps nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftcoord.env import die_with_launcher
+from ftcoord.process_state import stopped
 from ftcoord.reap import wait_killed
 
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
@@ -250,10 +253,13 @@ def main() -> None:
             chunk = os.read(0, 65536)
             stdin_open = bool(chunk)
             pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
-                if time.monotonic() > request.get("by", float("inf")):  # the launcher gave up on it: no second process
+            lines, _, pending = pending.rpartition(b"\n")
+            requests = [json.loads(line) for line in lines.split(b"\n") if line]
+            cancelled = {request["cancel"] for request in requests if "cancel" in request}
+            for request in requests:
+                if "spawn" not in request:
+                    continue
+                if request["spawn"] in cancelled or time.monotonic() > request["by"]:  # given up: no second process
                     reply(json.dumps({"spawned": request["spawn"], "pid": None}))
                     continue
                 pid = os.fork()
@@ -344,8 +350,8 @@ class PendingFork:
         return self.standby.collect(self)
 
     def abandon(self) -> None:
-        """Nobody will collect this fork: the template forks nothing for it after answer_by, and a process it forked
-        before that is killed as soon as its answer comes."""
+        """Nobody will collect this fork: the template forks nothing for it once it reads its cancellation (or after
+        answer_by), and a process it forked before that is killed as soon as its answer comes."""
         self.standby.abandon(self)
 
 
@@ -413,6 +419,9 @@ class WarmStandby:
             return child
         if not self.alive:
             raise ForkFailed(f"the standby died (exit code {self.process.returncode})")
+        if stopped(self.process.pid):  # it answers nothing until continued, which may be never: a new interpreter
+            self.abandon(pending)
+            raise ForkFailed("the standby is stopped (SIGSTOP, a debugger, a frozen cgroup)")
         if time.monotonic() > pending.give_up_at:
             self.abandon(pending)
             raise ForkFailed(f"the standby did not answer by its deadline and a margin "
@@ -422,6 +431,10 @@ class WarmStandby:
     def abandon(self, pending: PendingFork) -> None:
         """See PendingFork.abandon."""
         self._abandoned.add(pending.number)
+        if self.process.stdin is not None and pending.number not in self._spawned:
+            with contextlib.suppress(BrokenPipeError, ValueError):  # a dead standby forks nothing; a closed stdin
+                self.process.stdin.write((json.dumps({"cancel": pending.number}) + "\n").encode())
+                self.process.stdin.flush()
         if pending.number in self._spawned:  # answered, not collected
             self._answered(pending.number, self._spawned.pop(pending.number))
 

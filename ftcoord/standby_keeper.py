@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ftcoord import launcher_report
 from ftcoord.launch_config import LaunchConfig
+from ftcoord.process_state import stopped
 from ftcoord.standby import ForkedProcess, ForkFailed, PendingFork, PythonCommand, WarmStandby
 
 STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
@@ -70,9 +71,11 @@ class StandbyKeeper:
         self._log.info("standby_started", pid=self.standby.process.pid, niced=not first)
 
     def warming(self) -> bool:
-        """The standby is alive, not ready yet, and has not taken longer than STANDBY_WAIT_S."""
+        """The standby is alive, not ready yet, has not taken longer than STANDBY_WAIT_S, and is not stopped (a
+        stopped one warms no further: a start waited for it up to STANDBY_WAIT_S)."""
         return (self.standby is not None and self.standby.alive and not self.standby.ready
-                and self._started is not None and time.monotonic() - self._started < STANDBY_WAIT_S)
+                and self._started is not None and time.monotonic() - self._started < STANDBY_WAIT_S
+                and not stopped(self.standby.process.pid))
 
     def ask(self, key: int, env: dict[str, str]) -> bool:
         """Ask the ready standby for a process with `env` added, collected under `key` (a slot) at later ticks

@@ -68,6 +68,23 @@ def test_kill_leader(tmp_path: Path) -> None:
     assert report["faults"][0]["full_recover_s"] < 1.0, report["faults"]
 
 
+def test_standby_faults(tmp_path: Path) -> None:
+    """The node's warm standby stopped while a rank dies: the replacement starts as a new interpreter at once (no
+    wait on the stopped standby) and the woken standby forks nothing for it; the standby killed: no rank with it."""
+    report = run("standby", tmp_path)
+    _, kill, _ = report["faults"]
+    logs = tmp_path / "standby" / "logs"
+    [failed] = read_logs(logs, ("standby_fork_failed",))
+    assert "stopped" in failed["reason"], failed
+    [killed_at] = [f["mono"] for f in map(json.loads, (tmp_path / "standby" / "faults.jsonl").read_text().splitlines())
+                   if f["kind"] == "kill"]
+    assert failed["mono"] - killed_at < 1.0, "the launcher waited for its stopped standby (it stays stopped 5 s)"
+    started = [e for e in read_logs(logs, ("child_started",)) if e["slot"] == kill["slot"]]
+    assert [e["from_standby"] for e in started] == [True, False], started  # the first, then the cold start
+    assert report["restarts"] == 1, "a rank died with the killed standby"
+    assert len(read_logs(logs, ("standby_started",))) == 2, "no new standby after the kill"
+
+
 def test_hang(tmp_path: Path) -> None:
     report = run("hang", tmp_path)
     assert read_logs(tmp_path / "hang" / "logs", ("rank_fenced_killed",)), "the hung rank should be fenced"

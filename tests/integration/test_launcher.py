@@ -15,6 +15,7 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys, pausepoints
 from ftcoord.decisions import LeaderClaim
+from ftcoord.process_state import stopped
 from ftcoord.store import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
@@ -94,6 +95,7 @@ def test_a_stopped_standby_holds_up_no_fence_and_forks_no_second_process_for_a_s
         leader = LeaderClaim.parse(store.get(keys.LEADER))
         replaced, fenced = [slot for slot in range(3) if slot != leader.slot]
         os.kill(standby["pid"], signal.SIGSTOP)
+        wait_until(lambda: stopped(standby["pid"]), 5, "the standby to stop")
         try:
             killed_at = time.monotonic()
             os.kill(run.pid_of(replaced), signal.SIGKILL)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ftcoord import env
+from ftcoord.process_state import stopped
 from ftcoord.standby import ForkedProcess, ForkFailed, WarmStandby
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
@@ -127,6 +129,7 @@ def test_a_replacements_death_is_seen_while_its_standby_is_stopped(tmp_path: Pat
     try:
         child = fork_now(standby, {env.SLOT_ENV: "0"})
         os.kill(standby.process.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(standby.process.pid), 5, "the standby to stop")  # a signal is taken, not sent
         os.kill(child.pid, signal.SIGKILL)
         assert wait_until(lambda: child.poll() is not None, 5, "the launcher to see the death") is True
         assert child.returncode == -signal.SIGKILL
@@ -141,6 +144,7 @@ def test_a_request_the_standby_reads_after_its_deadline_forks_nothing(tmp_path: 
     standby = sleeper(tmp_path)
     try:
         os.kill(standby.process.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(standby.process.pid), 5, "the standby to stop")  # a signal is taken, not sent
         late = standby.request_fork({env.SLOT_ENV: "0"}, answer_s=0.2, margin_s=30)  # the launcher waits on here
         assert late is not None
         wait_until(lambda: time.monotonic() > late.answer_by + 0.1, 5, "the request's deadline to pass")
@@ -159,21 +163,38 @@ def test_a_request_the_standby_reads_after_its_deadline_forks_nothing(tmp_path: 
         standby.close(timeout=0)
 
 
-def test_a_fork_given_up_on_and_made_anyway_is_killed_when_its_answer_comes(tmp_path: Path) -> None:
-    """The launcher gave up on a fork (stopping, or the answer came too late) that the template still made, in time
-    by its own deadline: the process is killed as the answer arrives, never left running beside the slot's own."""
+def test_a_fork_given_up_on_while_the_standby_is_stopped_is_never_made(tmp_path: Path) -> None:
+    """The launcher gives up on a stopped standby at once and cancels the request: once continued, the template reads
+    the request with its cancellation and forks nothing (the slot's new interpreter is on its way)."""
     standby = sleeper(tmp_path)
     try:
         os.kill(standby.process.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(standby.process.pid), 5, "the standby to stop")  # a signal is taken, not sent
         pending = standby.request_fork({env.SLOT_ENV: "0"}, answer_s=30)
         assert pending is not None
-        pending.abandon()
+        with pytest.raises(ForkFailed, match="stopped"):
+            pending.collect()
         os.kill(standby.process.pid, signal.SIGCONT)
-        kept = fork_now(standby, {env.SLOT_ENV: "0"})  # answered after the abandoned one: its answer was read
-        wait_until(lambda: live_children(standby.process.pid) == {kept.pid}, 5, "the abandoned fork to be killed")
-        kept.kill()
+        standby.wait_answer(10)  # its answer, left unread: reading it would kill a fork
+        assert select.select([standby.reply_fd], [], [], 0)[0], "the standby never answered"
+        assert not live_children(standby.process.pid), "the standby forked a request its launcher had cancelled"
     finally:
         os.kill(standby.process.pid, signal.SIGCONT)
+        standby.close(timeout=0)
+
+
+def test_a_fork_given_up_on_and_made_anyway_is_killed_when_its_answer_comes(tmp_path: Path) -> None:
+    """A cancellation that comes after the fork (the launcher stopped, say, as its answer was on its way): the
+    process is killed as the answer arrives, never left running beside the slot's own."""
+    standby = sleeper(tmp_path)
+    try:
+        pending = standby.request_fork({env.SLOT_ENV: "0"}, answer_s=30)
+        assert pending is not None
+        wait_until(lambda: live_children(standby.process.pid), 10, "the fork")  # made; its answer not read yet
+        pending.abandon()
+        wait_until(lambda: standby.pump() or not live_children(standby.process.pid), 5,
+                   "the abandoned fork to be killed as its answer is read")
+    finally:
         standby.close(timeout=0)
 
 
