@@ -68,6 +68,7 @@ def test_kill_leader(tmp_path: Path) -> None:
     assert report["faults"][0]["full_recover_s"] < 1.0, report["faults"]
 
 
+@pytest.mark.slow  # 27 s; test_launcher's stopped-standby and killed-standby tests are in the default set
 def test_standby_faults(tmp_path: Path) -> None:
     """The node's warm standby stopped while a rank dies: the replacement starts as a new interpreter at once (no
     wait on the stopped standby) and the woken standby forks nothing for it; the standby killed: no rank with it."""
