@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from chaos.scenario import STOP_KINDS, STORE_KINDS
+from chaos.scenario import STANDBY_KINDS, STOP_KINDS, STORE_KINDS
 from training.ledger import files_under
 
 
@@ -57,7 +57,9 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     in a newer generation; and back at the target world size).
 
     A detection belongs to a fault only when it came before the next fault of a later step (faults of
-    one step are one incident): a pause ridden through has neither detection nor recovery. A pause that came while
+    one step are one incident): a pause ridden through has neither detection nor recovery, nor has a fault of the
+    store or of a node's standby (the ranks train on; a generation that changes after one is another fault's). A
+    pause that came while
     the job was re-forming for an earlier fault has no interrupt of its own either, but was not ridden through when
     the paused process trained before it and committed nothing after it (left out of the re-form, replaced): its
     recovery is timed, and its note says so (seen: a hang 17 ms after another rank's raise cost the re-form a
@@ -73,7 +75,7 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
         full = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen
                      and r["world_size"] == target_world_size), None)
         note = fault.get("note", "")
-        if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS):
+        if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS, *STANDBY_KINDS):
             if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
                 note = (f"{note}; " if note else "") + ("no interrupt of its own: the re-form under way when it "
                                                         "paused left it out")

@@ -28,6 +28,21 @@ def finish(proc, timeout: float = 90) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def standby_pid(run: AllreduceRun) -> int:
+    """The node's warm standby, once it is ready."""
+    wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
+    [standby] = run.logs("standby_started")
+    return standby["pid"]
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_standby(
     store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:
@@ -89,13 +104,12 @@ def test_a_stopped_standby_holds_up_no_fence_and_forks_no_second_process_for_a_s
     run = AllreduceRun(tmp_path)
     try:
         run.wait_step(20)
-        wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
-        [standby] = run.logs("standby_started")
+        standby = standby_pid(run)
         store = job_store(connect(store_server.address), job_id)
         leader = LeaderClaim.parse(store.get(keys.LEADER))
         replaced, fenced = [slot for slot in range(3) if slot != leader.slot]
-        os.kill(standby["pid"], signal.SIGSTOP)
-        wait_until(lambda: stopped(standby["pid"]), 5, "the standby to stop")
+        os.kill(standby, signal.SIGSTOP)
+        wait_until(lambda: stopped(standby), 5, "the standby to stop")
         try:
             killed_at = time.monotonic()
             os.kill(run.pid_of(replaced), signal.SIGKILL)
@@ -109,7 +123,7 @@ def test_a_stopped_standby_holds_up_no_fence_and_forks_no_second_process_for_a_s
             wait_until(lambda: [e for e in run.logs("child_started") if e["slot"] == replaced
                                 and e["mono"] > killed_at], 15, "the launcher to start the replacement afresh")
         finally:
-            os.kill(standby["pid"], signal.SIGCONT)
+            os.kill(standby, signal.SIGCONT)
         code, out = finish(proc)
     finally:
         proc.kill()
@@ -122,14 +136,6 @@ def test_a_stopped_standby_holds_up_no_fence_and_forks_no_second_process_for_a_s
     run.assert_correct(400)
 
 
-def running(pid: int) -> bool:
-    """The process exists and has not ended (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_killed_standby_takes_no_rank_with_it(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     """Every rank of a node is forked from its standby. They used to die with it (a parent-death signal), so the
     standby's death (the kernel's pick when memory runs out, say) cost the node every rank and a cold start. They die
@@ -138,10 +144,9 @@ def test_a_killed_standby_takes_no_rank_with_it(store_server: StoreServer, job_i
     run = AllreduceRun(tmp_path)
     try:
         run.wait_step(20)
-        wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
-        [standby] = run.logs("standby_started")
+        standby = standby_pid(run)
         ranks = {run.pid_of(0), run.pid_of(1)}
-        os.kill(standby["pid"], signal.SIGKILL)
+        os.kill(standby, signal.SIGKILL)
         wait_until(lambda: len(run.logs("standby_started")) == 2, 15, "the launcher to start a new standby")
         run.wait_step(run.max_step() + 20)
         code, out = finish(proc)
@@ -161,9 +166,8 @@ def test_a_killed_launcher_takes_its_ranks_and_standby_with_it(
     run = AllreduceRun(tmp_path)
     try:
         run.wait_step(20)
-        wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
-        [standby] = run.logs("standby_started")
-        left = {run.pid_of(0), run.pid_of(1), standby["pid"]}
+        standby = standby_pid(run)
+        left = {run.pid_of(0), run.pid_of(1), standby}
     finally:
         proc.kill()
         proc.wait(timeout=30)

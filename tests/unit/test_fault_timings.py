@@ -52,3 +52,16 @@ def test_a_hot_spare_paused_is_not_taken_for_a_member_left_out(tmp_path: Path) -
     steps = [_step(99.9, 1, pid) for pid in (10, 11, 12)] + [_step(110.3, 2, pid) for pid in (10, 11, 12)]
     (timed,) = fault_timings([spare], steps, tmp_path, target_world_size=3)
     assert timed["recover_s"] is None and timed["note"] == ""
+
+
+def test_a_standby_fault_has_nothing_to_recover_from(tmp_path: Path) -> None:
+    """The ranks train on through their standby's pause or death: a generation that changes after it is a later
+    fault's (the bundled `standby` scenario kills a rank while its standby is stopped), not the standby fault's."""
+    paused = {"kind": "pause-standby", "slot": 0, "step": 30, "mono": 100.0, "pid": 50, "generation": 1}
+    killed = {"kind": "kill", "slot": 1, "step": 35, "mono": 100.2, "pid": 11, "generation": 1}
+    (tmp_path / "slot0.jsonl").write_text(json.dumps(
+        {"event": "generation_interrupted", "mono": 100.21, "generation": 1, "reason": "exception:slot=0"}) + "\n")
+    steps = [_step(99.9, 1, pid) for pid in (10, 11)] + [_step(103.0, 2, pid) for pid in (10, 20)]
+    pause, kill = fault_timings([paused, killed], steps, tmp_path, target_world_size=2)
+    assert pause["detect_s"] is None and pause["recover_s"] is None and pause["full_recover_s"] is None
+    assert kill["recover_s"] == 2.8
