@@ -54,7 +54,6 @@ from ftcoord import keys, pausepoints
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.decisions import (
     LeaderClaim,
-    advance_current,
     await_announcements,
     current_generation,
     mark_ended,
@@ -68,14 +67,15 @@ from ftcoord.election import Election
 from ftcoord.forgetting import ForgetSchedule
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
-from ftcoord.monitor import ran_its_course
+from ftcoord.monitor import stop_asked
 from ftcoord.proposal import Proposer
 from ftcoord.readiness import OpenClock, left_out_by, still_left_out
 from ftcoord.record import GenerationRecord
+from ftcoord.record_write import Written, write_record
 from ftcoord.slot_reads import SlotReads
 from ftcoord.slots import SlotFacts
-from ftcoord.store import get_or_none, woken
-from ftcoord.store_link import StoreRestarted, instance_number, pinned_compare_set
+from ftcoord.store import woken
+from ftcoord.store_link import StoreRestarted, instance_number
 
 _JOIN_POLL_S = 0.005  # how often the leader counts the announcements while a generation is open
 _STALL_S = _JOIN_POLL_S  # the least a rejoin's announcements stand still before it is judged afresh (_follow_rejoin)
@@ -386,48 +386,15 @@ class LeaderDuty:
             return False
         if record.failed is None:
             left_out = still_left_out(record, proposal.ready.missing | proposal.ready.gone, facts, previous)
-            record = replace(record, stop=self._stop_asked(), left_out=tuple(sorted(left_out.items())))
+            record = replace(record, stop=stop_asked(self._store), left_out=tuple(sorted(left_out.items())))
         return self._write(record, current, partial=not proposal.ready.everyone)
 
-    def _stop_asked(self) -> bool:
-        """A stop was asked anywhere in the job (SIGTERM to a rank), in this run: the generation being decided carries
-        it (GenerationRecord.stop), so its members stop together at its first boundary, though the stop's own
-        interrupt may have lost to another reason. One read per decision, where each member read the stop at the
-        start of every generation (issue 17); a stop asked after this read is carried into the next generation by
-        the process that asked (ftcoord.monitor)."""
-        stop = get_or_none(self._store, keys.STOP)
-        return stop is not None and not ran_its_course(self._store, stop)  # not the stop of an earlier run of this job
-
     def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:
-        text = record.to_json()
-        if not self._election.confirm():
-            return True  # deposed while deciding: the new leader decides
-        pausepoints.reached(pausepoints.LEADER_BEFORE_RECORD)
-        try:
-            won = pinned_compare_set(self._store, self._round_instance, keys.record(record.generation), "",
-                                     text).decode() == text
-        except StoreRestarted as exc:  # decided on what a lost instance showed: judge again on the new one
-            self._log.warning("decision_dropped", generation=record.generation, reason=str(exc))
+        """Write the decision (ftcoord.record_write); True: this round is over, whatever became of it."""
+        written = write_record(self._store, self._election, self._round_instance, record, current, self._log, partial)
+        if written is Written.DECIDED:
+            self._forgetting.decided(record.generation)
+            self._open.pop(record.generation, None)
+        elif written is Written.DROPPED:
             self._open.clear()
-            return True
-        if not won:
-            return True  # another leader decided first (or the generation is long forgotten); its record stands
-        if int(get_or_none(self._store, keys.CURRENT) or 0) > record.generation:
-            # Written after the generation was decided, forgotten and its tombstone deleted (a pause of more than
-            # decisions.TOMBSTONE_SPAN generations at this write): nobody waits for it; make it a tombstone again.
-            self._store.set(keys.record(record.generation), keys.FORGOTTEN)
-            self._log.warning("decision_too_late", generation=record.generation)
-            return True
-        advance_current(self._store, record.generation)
-        if record.failed:
-            self._log.error("generation_failed", generation=record.generation, reason=record.failed)
-        else:
-            self._log.info("generation_decided", generation=record.generation,
-                           members=list(record.members), world_size=record.world_size,
-                           spares=list(record.spares), partial=partial,
-                           heal_source=record.heal_source, start_step=record.start_step, stop=record.stop)
-        if current:  # the members of `current` may stop waiting for a question about it (ftcoord.monitor)
-            self._store.compare_set(keys.probe(current), "", keys.PROBE_RELEASED)  # a question asked stays one
-        self._forgetting.decided(record.generation)
-        self._open.pop(record.generation, None)
         return True

@@ -33,6 +33,16 @@ def stale_stop(store: dist.Store) -> bytes | None:
     return stop if stop is not None and ran_its_course(store, stop) else None
 
 
+def stop_asked(store: dist.Store) -> bool:
+    """A stop was asked anywhere in the job (SIGTERM to a rank) in this run, not an earlier run's that ran its course.
+    The leader reads it once per decision, and the generation it decides carries it (GenerationRecord.stop), so its
+    members stop together at its first boundary, though the stop's own interrupt may have lost to another reason
+    (each member read the stop at the start of every generation: issue 17); a stop asked after this read is carried
+    into the next generation by the process that asked (InterruptMonitor)."""
+    stop = get_or_none(store, keys.STOP)
+    return stop is not None and not ran_its_course(store, stop)
+
+
 def ran_its_course(store: dist.Store, stop: bytes) -> bool:
     """The `stop` value read is followed by `stopped` (see stale_stop): one read, of `stopped`."""
     stopped = get_or_none(store, keys.STOPPED)

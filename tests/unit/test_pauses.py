@@ -79,6 +79,33 @@ def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_gen
     assert current(other) >= newest, f"gen/current moved back from {newest} to {current(other)}"
 
 
+def test_a_leader_paused_before_its_record_write_never_overwrites_the_decision_made_meanwhile(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    """The pause comes after the leader confirmed its claim, just before its write: it wakes as a deposed leader
+    whose proposal is for a generation decided meanwhile. The write is a compare_set from absent, so the decision
+    made by its successor stands (a plain write forked the generation: its members held two records)."""
+    policy = QuorumPolicy(2)
+    stale = start(participants, store_server.address, job_id, 0, policy)
+    wait_until(lambda: stale.leader.is_leader, 5, "slot 0 to lead")
+    other = start(participants, store_server.address, job_id, 1, policy)
+    assert other.join(0).members == (1,)
+
+    gate = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    other.interrupt("test")
+    joined = threading.Thread(target=other.join, args=(0,), daemon=True)
+    joined.start()
+    assert gate.wait_reached(5), "the leader never came to write generation 2"
+    stale.heartbeat.stop()  # the whole process is paused now: the other takes over after heartbeat_timeout
+    joined.join(10)
+    assert other.generation == 2 and other.leader.is_leader
+    decided = get_or_none(other.store, keys.record(2))
+
+    gate.release()  # the paused leader wakes and writes its proposal for generation 2
+    wait_until(lambda: not stale.leader.is_leader, 5, "the paused leader to notice it was deposed")
+    assert get_or_none(other.store, keys.record(2)) == decided, "the decision of generation 2 was overwritten"
+
+
 def test_a_leader_paused_after_its_leadership_check_fences_and_interrupts_nobody(
     store_server: StoreServer, job_id: str, participants: list[Participant]
 ) -> None:
