@@ -77,6 +77,10 @@ class StandbyKeeper:
                 and self._started is not None and time.monotonic() - self._started < STANDBY_WAIT_S
                 and not stopped(self.standby.process.pid))
 
+    def ready(self) -> bool:
+        """The standby is alive and warm: it forks what it is asked for."""
+        return self.standby is not None and self.standby.ready and self.standby.alive
+
     def ask(self, key: int, env: dict[str, str]) -> bool:
         """Ask the ready standby for a process with `env` added, collected under `key` (a slot) at later ticks
         (collect); False when none is ready."""

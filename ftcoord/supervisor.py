@@ -157,6 +157,8 @@ class Supervisor:
         ready. Raises ForkFailed when the standby will not fork it."""
         if not self.standby.forking(slot.slot):
             self._refresh_standby()
+            if not self.standby.ready():  # no store request per tick while it warms up
+                return None
             slot.forking_incarnation = self._next_incarnation(slot)
             if not self.standby.ask(slot.slot, self._child_env(slot)):
                 return None
