@@ -20,6 +20,7 @@ from chaos.run_store import RunStore
 from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STANDBY_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
 from ftcoord.launch_config import spare_slot
 from ftcoord.log import get_logger
+from ftcoord.process_state import state
 from ftcoord.store import get_or_none
 from ftcoord.store_link import StoreLink
 
@@ -332,8 +333,4 @@ def _signal(pid: int | None, signum: int) -> bool:
 
 
 def _alive_not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+    return state(pid) not in (None, "Z")

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftcoord.env import die_with_launcher
-from ftcoord.process_state import stopped
+from ftcoord.process_state import stopped, zombie_exit_code
 from ftcoord.reap import wait_killed
 
 READY_FD_ENV = "FTCOORD_STANDBY_READY_FD"
@@ -66,6 +66,9 @@ FORK_ANSWER_S = 2.0
 """How long the template may take to fork a replacement (milliseconds when it is well) before it forks nothing for
 that request and the launcher starts a new interpreter instead (seconds of imports, but not waiting on a template
 that is stopped or starved)."""
+ZOMBIE_LOOK_S = 0.1
+"""How often a replacement's end is looked for in /proc, beside its template's word (which a stopped template does
+not send): a look costs ~20 us here, and the launcher polls each process several times a tick."""
 FORK_MARGIN_S = 0.5
 """How much longer than FORK_ANSWER_S the launcher waits for the answer: a fork made just before the deadline is
 still collected, not killed."""
@@ -285,12 +288,14 @@ class ForkedProcess:
     pid: int
     standby: WarmStandby
     returncode: int | None = None
+    _looked_at: float = 0.0  # when /proc last said it had not ended
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.standby.pump()
-        if self.returncode is None:
-            self.returncode = _zombie_exit_code(self.pid)  # dead, and its template has not reaped it (stopped, busy)
+        if self.returncode is None and (now := time.monotonic()) >= self._looked_at + ZOMBIE_LOOK_S:
+            self._looked_at = now
+            self.returncode = zombie_exit_code(self.pid)  # dead, and its template has not reaped it (stopped, busy)
         if self.returncode is None and not self.standby.alive and not Path(f"/proc/{self.pid}").exists():
             self.returncode = -signal.SIGKILL  # died with its template: the exit code is gone with it
         return self.returncode
@@ -314,18 +319,6 @@ class ForkedProcess:
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
-
-
-def _zombie_exit_code(pid: int) -> int | None:
-    """The exit code of `pid` when it has ended and its parent has not waited for it yet (a zombie's status, from
-    /proc/PID/stat); None while it runs, and once it was reaped (its template's message says the code then)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    if fields[0] != "Z":
-        return None
-    return os.waitstatus_to_exitcode(int(fields[49])) if len(fields) > 49 else -signal.SIGKILL  # exit_code: Linux 3.5+
 
 
 class ForkFailed(Exception):

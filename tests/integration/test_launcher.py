@@ -15,7 +15,7 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys, pausepoints
 from ftcoord.decisions import LeaderClaim
-from ftcoord.process_state import stopped
+from ftcoord.process_state import state, stopped
 from ftcoord.store import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
@@ -37,10 +37,7 @@ def standby_pid(run: AllreduceRun) -> int:
 
 def running(pid: int) -> bool:
     """The process exists and has not ended (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return state(pid) not in (None, "Z")
 
 
 def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_standby(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ftcoord import env
-from ftcoord.process_state import stopped
+from ftcoord.process_state import state, stopped
 from ftcoord.standby import ForkedProcess, ForkFailed, WarmStandby
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
@@ -56,8 +56,7 @@ def fork_now(standby: WarmStandby, values: dict[str, str]) -> ForkedProcess:
 def live_children(pid: int) -> set[int]:
     """The processes `pid` forked that are alive (not zombies)."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return {int(child) for child in children if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            != "Z"}
+    return {int(child) for child in children if state(int(child)) not in (None, "Z")}
 
 
 def sleeper(tmp_path: Path) -> WarmStandby:
