@@ -49,13 +49,15 @@ def current(p: Participant) -> int:
     return int(get_or_none(p.store, keys.CURRENT) or 0)
 
 
-def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_generation(
-    store_server: StoreServer, job_id: str, participants: list[Participant]
-) -> None:
+def paused_before_its_write(participants: list[Participant], address: str,
+                            job_id: str) -> tuple[Participant, Participant, pausepoints.Gate]:
+    """Slot 0 leads and stops (its whole process: heartbeat too) at its write of generation 2's record; slot 1, which
+    alone joined generation 1 (slot 0 never joins), takes over and decides generation 2 itself. Returns the stopped
+    leader, its successor and the gate that wakes the stopped one."""
     policy = QuorumPolicy(2)
-    stale = start(participants, store_server.address, job_id, 0, policy)
+    stale = start(participants, address, job_id, 0, policy)
     wait_until(lambda: stale.leader.is_leader, 5, "slot 0 to lead")
-    other = start(participants, store_server.address, job_id, 1, policy)
+    other = start(participants, address, job_id, 1, policy)
     assert other.join(0).members == (1,)  # slot 0 never joins: a partial generation after join_timeout
 
     gate = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
@@ -66,6 +68,13 @@ def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_gen
     stale.heartbeat.stop()  # the whole process is paused now: the other takes over after heartbeat_timeout
     joined.join(10)
     assert other.generation == 2 and other.leader.is_leader
+    return stale, other, gate
+
+
+def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_generation(
+    store_server: StoreServer, job_id: str, participants: list[Participant]
+) -> None:
+    stale, other, gate = paused_before_its_write(participants, store_server.address, job_id)
     while other.generation < 2 + KEEP_GENERATIONS + 1:  # generation 2 decided, then forgotten
         other.interrupt("test")
         other.join(0)
@@ -85,20 +94,7 @@ def test_a_leader_paused_before_its_record_write_never_overwrites_the_decision_m
     """The pause comes after the leader confirmed its claim, just before its write: it wakes as a deposed leader
     whose proposal is for a generation decided meanwhile. The write is a compare_set from absent, so the decision
     made by its successor stands (a plain write forked the generation: its members held two records)."""
-    policy = QuorumPolicy(2)
-    stale = start(participants, store_server.address, job_id, 0, policy)
-    wait_until(lambda: stale.leader.is_leader, 5, "slot 0 to lead")
-    other = start(participants, store_server.address, job_id, 1, policy)
-    assert other.join(0).members == (1,)
-
-    gate = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
-    other.interrupt("test")
-    joined = threading.Thread(target=other.join, args=(0,), daemon=True)
-    joined.start()
-    assert gate.wait_reached(5), "the leader never came to write generation 2"
-    stale.heartbeat.stop()  # the whole process is paused now: the other takes over after heartbeat_timeout
-    joined.join(10)
-    assert other.generation == 2 and other.leader.is_leader
+    stale, other, gate = paused_before_its_write(participants, store_server.address, job_id)
     decided = get_or_none(other.store, keys.record(2))
 
     gate.release()  # the paused leader wakes and writes its proposal for generation 2
