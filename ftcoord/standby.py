@@ -16,23 +16,26 @@ on the template's stdin (and `{"cancel": id}` for a request it gave up on); the 
 descriptor `{"ready": true, "refused": ...}` (refused: why the command's module turned its command line down, see
 PRELOAD_ATTRIBUTE), then `{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a
 `time.monotonic()` deadline, or with its cancellation, and forked nothing) and `{"exited": N, "code": C}` (it is the
-replacements' parent and reaps them). The template dies with its launcher (a parent-death signal), and so do its
-replacements, though not with the template: each watches a lifeline, a pipe whose write end only the launcher holds
-(`_die_with_launcher`), so the template's own death (the kernel's pick when memory runs out, say) takes no rank with
-it; the launcher sees their deaths without it (below) and starts a new template. A closed stdin lets the template
-exit once its last replacement has.
+replacements' parent and reaps them); each replacement says `{"reported": N, "code": C}` there itself as it ends,
+the launcher's word on its exit code once the template is gone. The template dies with its launcher (a parent-death
+signal), and so do its replacements, though not with the template: each watches a lifeline, a pipe whose write end
+only the launcher holds (`_die_with_launcher`), so the template's own death (the kernel's pick when memory runs out,
+say) takes no rank with it; the launcher sees their deaths without it (below) and starts a new template. A closed
+stdin lets the template exit once its last replacement has.
 
 The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later
-tick (`PendingFork.collect`), so a template that stops answering holds up no fence and no other slot. One that is
-stopped (SIGSTOP, a frozen cgroup), or has not answered by FORK_ANSWER_S (starved), is given up on at once: a new
-interpreter takes the slot, and what the template forks for it after all is refused or killed, never a second
-process for the slot. A replacement's death is seen without the template too (`ForkedProcess.poll` reads a zombie's
-exit status): a stopped template reaps nothing.
+tick (`PendingFork.collect`), and writes a request only when the pipe has room for it (a template that stopped
+reading leaves its launcher a full pipe), so a template that stops answering holds up no fence and no other slot.
+One that is stopped (SIGSTOP, a frozen cgroup), or has not answered by FORK_ANSWER_S (starved), is given up on at
+once: a new interpreter takes the slot, and what the template forks for it after all is refused or killed, never a
+second process for the slot. A replacement's death is seen without the template too (`ForkedProcess.poll` reads a
+zombie's exit status): a stopped template reaps nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib
 import io
 import json
@@ -40,8 +43,10 @@ import os
 import runpy
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 import traceback
@@ -209,7 +214,7 @@ def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int, life
     """In a forked child: become the slot's process and run the command; never returns."""
     code = 1
     try:
-        os.close(reply_fd)
+        os.set_inheritable(reply_fd, False)  # kept to tell its exit code (below); no program it runs gets it
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the template ignores them; we must not
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -223,6 +228,10 @@ def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int, life
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        # Its template reaps it and tells the launcher its exit code. A template that died first tells nothing, and
+        # whoever reaps the orphan (init) tells nobody: without this word an exit 0 or 2 would read as a kill.
+        with contextlib.suppress(OSError):
+            os.write(reply_fd, (json.dumps({"reported": os.getpid(), "code": code}) + "\n").encode())
         os._exit(code)
 
 
@@ -297,7 +306,9 @@ class ForkedProcess:
             self._looked_at = now
             self.returncode = zombie_exit_code(self.pid)  # dead, and its template has not reaped it (stopped, busy)
         if self.returncode is None and not self.standby.alive and not Path(f"/proc/{self.pid}").exists():
-            self.returncode = -signal.SIGKILL  # died with its template: the exit code is gone with it
+            self.standby.pump()  # its own word on its exit code, written before it ended (_replacement)
+            # none: it said nothing (a signal ended it, or an os._exit of its own), taken for a kill
+            self.returncode = self.standby.reported.pop(self.pid, -signal.SIGKILL)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -361,6 +372,8 @@ class WarmStandby:
     """Why the command's module refused its command line when the standby warmed up (it preloaded
     nothing heavy); None when it preloaded."""
     children: dict[int, ForkedProcess] = field(default_factory=dict)
+    reported: dict[int, int] = field(default_factory=dict)
+    """The exit codes its replacements told as they ended (by pid): the only word left once the template died."""
     _buffer: bytes = b""
     _spawned: dict[int, int | None] = field(default_factory=dict)
     _abandoned: set[int] = field(default_factory=set)
@@ -397,8 +410,12 @@ class WarmStandby:
                 self.ready, self.refused = True, message["refused"]
             elif "spawned" in message:
                 self._answered(message["spawned"], message["pid"])
-            elif message["exited"] in self.children:
-                self.children.pop(message["exited"]).returncode = message["code"]
+            elif "reported" in message:
+                self.reported[message["reported"]] = message["code"]
+            else:  # reaped: the template's word is the last
+                self.reported.pop(message["exited"], None)
+                if message["exited"] in self.children:
+                    self.children.pop(message["exited"]).returncode = message["code"]
 
     def collect(self, pending: PendingFork) -> ForkedProcess | None:
         """See PendingFork.collect."""
@@ -424,10 +441,8 @@ class WarmStandby:
     def abandon(self, pending: PendingFork) -> None:
         """See PendingFork.abandon."""
         self._abandoned.add(pending.number)
-        if self.process.stdin is not None and pending.number not in self._spawned:
-            with contextlib.suppress(BrokenPipeError, ValueError):  # a dead standby forks nothing; a closed stdin
-                self.process.stdin.write((json.dumps({"cancel": pending.number}) + "\n").encode())
-                self.process.stdin.flush()
+        if pending.number not in self._spawned:  # not sent when it does not fit: the request's deadline forks nothing
+            self._send({"cancel": pending.number})
         if pending.number in self._spawned:  # answered, not collected
             self._answered(pending.number, self._spawned.pop(pending.number))
 
@@ -444,18 +459,31 @@ class WarmStandby:
                      margin_s: float = FORK_MARGIN_S) -> PendingFork | None:
         """Ask for a replacement with `env` added, forked at once; collect it with PendingFork.collect at later ticks.
         None when the standby cannot take requests (not ready, or dead)."""
-        if not self.ready or not self.alive or self.process.stdin is None:
+        if not self.ready or not self.alive:
             return None
         self._requests += 1
         answer_by = time.monotonic() + answer_s
         pending = PendingFork(self, self._requests, answer_by, answer_by + margin_s)
-        try:
-            line = json.dumps({"spawn": pending.number, "env": env, "by": pending.answer_by}) + "\n"
-            self.process.stdin.write(line.encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
+        if not self._send({"spawn": pending.number, "env": env, "by": pending.answer_by}):
             return None
         return pending
+
+    def _send(self, message: dict[str, object]) -> bool:
+        """Write one line to the template's stdin if the pipe has room for it now; False when it has not, or the
+        template is gone. Never blocks: a template that stopped reading (stopped, starved) would hold up the launcher,
+        every fence and every other slot with it, in a write to a full pipe (64 KB, a few hundred requests)."""
+        stdin = self.process.stdin
+        if stdin is None:
+            return False
+        line = (json.dumps(message) + "\n").encode()
+        try:
+            if len(line) > pipe_room(stdin.fileno()):
+                return False
+            stdin.write(line)
+            stdin.flush()
+        except (OSError, ValueError):  # a dead standby forks nothing (broken pipe); a closed stdin takes no line
+            return False
+        return True
 
     def wait_answer(self, timeout: float) -> None:
         """Sleep until the template says something (a fork's answer, say) or `timeout` passes."""
@@ -476,6 +504,16 @@ class WarmStandby:
             wait_killed(self.process)
         os.close(self.reply_fd)
         os.close(self.lifeline_fd)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def pipe_room(fd: int) -> int:
+    """Bytes a write to the pipe `fd` surely takes without blocking now: its capacity less what waits unread in it, less
+    a page (the kernel fills a pipe by pages: the last one partly read may not take the rest)."""
+    unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) - unread - _PAGE
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +138,40 @@ def test_a_replacements_death_is_seen_while_its_standby_is_stopped(tmp_path: Pat
         standby.close()
 
 
+ORPHANED_EXIT = """
+import ctypes, os, signal, sys, time
+from pathlib import Path
+from ftcoord.standby import WarmStandby
+from tests.unit.test_standby import fork_now, start
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: this process is the orphan's init
+script, go = sys.argv[1:]
+standby = start([go], command=[sys.executable, script])
+child = fork_now(standby, {"FTCOORD_SLOT": "0"})
+standby.process.kill()
+standby.process.wait()
+Path(go).write_text("")  # the replacement ends now, its template dead
+os.waitpid(child.pid, 0)  # reaped at once, as init reaps an orphan (this sandbox's init leaves zombies)
+deadline = time.monotonic() + 10
+while child.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(child.returncode)
+"""
+
+
+def test_a_replacements_exit_code_outlives_its_standby(tmp_path: Path) -> None:
+    """A killed template leaves its replacements training (each dies with its launcher, not with it), but nobody to
+    reap them and say how they ended: init reaps an orphan and tells nobody. Each exit counted as a kill, so a
+    configuration error (exit 2), which ends the job, restarted the slot instead, and a finished rank (exit 0) did
+    too. A replacement now tells its exit code itself as it ends."""
+    script, go = tmp_path / "exits_3.py", tmp_path / "go"
+    script.write_text("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\n"
+                      "sys.exit(3)\n")
+    node = subprocess.run([sys.executable, "-c", ORPHANED_EXIT, str(script), str(go)], capture_output=True,
+                          text=True, timeout=50, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert node.returncode == 0, node.stderr
+    assert node.stdout.split() == ["3"], node.stdout
+
+
 def test_a_request_the_standby_reads_after_its_deadline_forks_nothing(tmp_path: Path) -> None:
     """A stopped (or starved) standby reads a request late: by then its launcher started a new interpreter for the
     slot, and a fork would be a second process for it."""
@@ -194,6 +229,40 @@ def test_a_fork_given_up_on_and_made_anyway_is_killed_when_its_answer_comes(tmp_
         wait_until(lambda: standby.pump() or not live_children(standby.process.pid), 5,
                    "the abandoned fork to be killed as its answer is read")
     finally:
+        standby.close(timeout=0)
+
+
+def test_a_stopped_standby_never_holds_up_its_launcher_in_a_full_pipe(tmp_path: Path) -> None:
+    """Requests (and their cancellations) to a stopped standby wait unread in its stdin. Once the pipe was full, the
+    launcher's next write blocked it, every fence and every other slot with it, until the standby woke, which may be
+    never. A request that does not fit is not written now: the slot gets a new interpreter."""
+    standby = sleeper(tmp_path)
+    refused_at: list[int] = []
+
+    def ask_until_refused() -> None:
+        for asked in range(1, 1000):
+            pending = standby.request_fork({env.SLOT_ENV: "0", "PADDING": "x" * 4000}, answer_s=30)
+            if pending is None:
+                refused_at.append(asked)
+                return
+            with pytest.raises(ForkFailed, match="stopped"):
+                pending.collect()  # given up at once: its cancellation is written too, where it fits
+
+    try:
+        os.kill(standby.process.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(standby.process.pid), 5, "the standby to stop")  # a signal is taken, not sent
+        asker = threading.Thread(target=ask_until_refused, daemon=True)
+        asker.start()
+        asker.join(10)
+        assert not asker.is_alive(), "the launcher blocked in a write to its stopped standby's full pipe"
+        assert refused_at and 4 < refused_at[0] < 20, refused_at  # ~4 KB a request and a cancellation: 64 KB
+        os.kill(standby.process.pid, signal.SIGCONT)
+        # Requests whose cancellation did not fit are forked once it wakes (their deadline is 30 s): killed as their
+        # answers come, never left beside the slot's new interpreter.
+        wait_until(lambda: standby.pump() or select.select([standby.reply_fd], [], [], 0.5)[0] == []
+                   and not live_children(standby.process.pid), 10, "every fork given up on to be killed")
+    finally:
+        os.kill(standby.process.pid, signal.SIGCONT)
         standby.close(timeout=0)
 
 
