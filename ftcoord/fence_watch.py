@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.decisions import LeaderClaim
 from ftcoord.judgement import FENCE_POLL_S
+from ftcoord.slots import parse_fence
 from ftcoord.store import get_or_none
 
 
@@ -49,13 +50,13 @@ class FenceWatch:
         term: int | None = None
         fenced: list[C] = []
         for child, value in zip(running, values, strict=True):
-            fenced_term, _, incarnation = value.decode().rpartition(":")
-            if int(incarnation or 0) < child.incarnation or child.fence_killed or value == child.fence_ignored:
+            fenced_term, incarnation = parse_fence(value)
+            if incarnation < child.incarnation or child.fence_killed or value == child.fence_ignored:
                 continue
             term = term if term is not None else LeaderClaim.parse(get_or_none(self._store, keys.LEADER) or b"0").term
-            if int(fenced_term or 0) < term:
+            if fenced_term < term:
                 self._log.warning("fence_ignored", slot=child.slot, incarnation=child.incarnation,
-                                  fence_term=int(fenced_term or 0), leader_term=term)
+                                  fence_term=fenced_term, leader_term=term)
                 child.fence_ignored = value
                 continue
             fenced.append(child)

@@ -6,8 +6,10 @@ size), so the "restart before the leader advanced" race cannot deadlock. One tha
 pause to find its generation forgotten (keys.FORGOTTEN) catches up with the newest.
 
 Only the newest incarnation of a slot takes part: an older one (a process that was paused, or cut
-off, long enough for its slot to be restarted) raises Superseded before it announces itself or
-interrupts anyone, so a ghost cannot interrupt every generation that lists its slot.
+off, long enough for its slot to be restarted), or one the newest leader fenced (declared dead while
+it was paused: its launcher kills it), raises Superseded before it announces itself again or
+interrupts anyone, so a ghost cannot interrupt every generation that lists its slot, nor ask the
+members to grow for it.
 
 A joiner that finds a restarted store (ftcoord.store_link) announces itself again, for the next number of
 the new epoch: the announcement it made is lost, and the number it waited for is never decided there.
@@ -38,7 +40,7 @@ from ftcoord.decisions import (
 from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slots import superseded
+from ftcoord.slots import fenced, superseded
 from ftcoord.store import get_or_none, wait_for_key, wait_get
 from ftcoord.store_link import StoreRestarted, instance_number
 
@@ -79,7 +81,8 @@ class GenerationClient:
         Raises:
             JobFinished: the job completed while we waited (a spare's normal end).
             QuorumTimeout: too few processes joined within barrier_timeout.
-            Superseded: a newer incarnation of this slot registered; this process must exit.
+            Superseded: a newer incarnation of this slot registered, or the newest leader fenced this one; this
+                process must exit.
         """
         if after is not None:
             generation, previous = next_generation(self._store, after.generation), after
@@ -124,7 +127,13 @@ class GenerationClient:
             generation, previous = next_generation(self._store, generation), record
 
     def raise_if_superseded(self) -> None:
-        reason = superseded(self._store, self.slot, self.incarnation)
+        """A ghost ends before it interrupts or announces anything: a newer incarnation of its slot registered, or the
+        newest leader fenced this one. Its launcher kills a fenced process once it reads the fence, but a node paused
+        or cut off as a whole wakes with its launcher: the ghost woke first, found itself left out of the generation
+        decided without it, and asked its members to grow for it; they changed generation, for nothing (a partition
+        healed under load: 4 generations where 3)."""
+        store, slot, incarnation = self._store, self.slot, self.incarnation
+        reason = superseded(store, slot, incarnation) or fenced(store, slot, incarnation)
         if reason is not None:
             raise Superseded(f"{reason}; it exits without taking part again")
 

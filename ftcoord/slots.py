@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ftcoord import keys
+from ftcoord.decisions import LeaderClaim
 from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
 from ftcoord.store import get_or_none, read_int
 from ftcoord.store_link import pinned_multi_get
@@ -33,6 +34,26 @@ def register(store: dist.Store, slot: int) -> int:
 def superseded(store: dist.Store, slot: int, incarnation: int) -> str | None:
     """Why `incarnation` of `slot` must not take part any more (a newer one registered), or None."""
     return superseded_by(slot, incarnation, read_int(store, keys.incarnation(slot)))
+
+
+def fenced(store: dist.Store, slot: int, incarnation: int) -> str | None:
+    """Why `incarnation` of `slot` must not take part any more (the newest leader fenced it: declared it dead, and its
+    launcher kills it once it reads the fence), or None. A fence of a leader deposed since names nobody: launchers do
+    not carry it out either (ftcoord.fence_watch)."""
+    term, named = parse_fence(get_or_none(store, keys.fence(slot)) or b"0")
+    if named < incarnation:
+        return None
+    newest = LeaderClaim.parse(get_or_none(store, keys.LEADER) or b"0").term
+    if term < newest:
+        return None
+    return (f"incarnation {incarnation} of slot {slot} was fenced by the leader of term {term} (declared dead: it "
+            f"was silent, hung or stuck, paused or cut off)")
+
+
+def parse_fence(value: bytes) -> tuple[int, int]:
+    """A fence key's value: the term of the leader that wrote it and the incarnation it names ((0, 0): none yet)."""
+    term, _, incarnation = value.decode().rpartition(":")
+    return int(term or 0), int(incarnation or 0)
 
 
 def superseded_by(slot: int, incarnation: int, newest: int) -> str | None:
