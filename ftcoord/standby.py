@@ -458,7 +458,7 @@ class WarmStandby:
     def request_fork(self, env: dict[str, str], answer_s: float = FORK_ANSWER_S,
                      margin_s: float = FORK_MARGIN_S) -> PendingFork | None:
         """Ask for a replacement with `env` added, forked at once; collect it with PendingFork.collect at later ticks.
-        None when the standby cannot take requests (not ready, or dead)."""
+        None when the standby cannot take requests (not ready, dead, or its pipe is full: it stopped reading)."""
         if not self.ready or not self.alive:
             return None
         self._requests += 1
