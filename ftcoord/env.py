@@ -120,6 +120,11 @@ def world_size_from_env() -> int:
 LAUNCHER_PID_ENV: str = "FTCOORD_LAUNCHER_PID"
 
 
+def launched() -> bool:
+    """This process was started by ftcoord-launch, which kills it when the leader fences it."""
+    return bool(os.environ.get(LAUNCHER_PID_ENV))
+
+
 def die_with_launcher() -> None:
     """Ask Linux to SIGKILL this process when its launcher dies (no orphaned ranks).
 

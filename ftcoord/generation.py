@@ -7,7 +7,7 @@ pause to find its generation forgotten (keys.FORGOTTEN) catches up with the newe
 
 Only the newest incarnation of a slot takes part: an older one (a process that was paused, or cut
 off, long enough for its slot to be restarted), or one the newest leader fenced (declared dead while
-it was paused: its launcher kills it), raises Superseded before it announces itself again or
+it was paused) and its launcher will kill, raises Superseded before it announces itself again or
 interrupts anyone, so a ghost cannot interrupt every generation that lists its slot, nor ask the
 members to grow for it.
 
@@ -52,11 +52,13 @@ class GenerationClient:
 
     def __init__(self, store: dist.Store, slot: int, incarnation: int, timing: Timing,
                  on_waiting_after: Callable[[GenerationRecord], None] = lambda record: None,
-                 on_announced: Callable[[int], None] = lambda generation: None) -> None:
+                 on_announced: Callable[[int], None] = lambda generation: None, fence_ends_it: bool = False) -> None:
         """`on_waiting_after(record)`: this process waits for the generation after `record` (when it is not a member
         of that one, it is a hot spare or a replacement: ftcoord.deputies). `on_announced(generation)`: this process
-        announced itself for `generation` (its interrupt monitor reads no probe after that: ftcoord.monitor)."""
+        announced itself for `generation` (its interrupt monitor reads no probe after that: ftcoord.monitor).
+        `fence_ends_it`: a launcher kills this process when the leader fences it (raise_if_superseded)."""
         self._store = store
+        self._fence_ends_it = fence_ends_it
         self._on_waiting_after = on_waiting_after
         self._on_announced = on_announced
         self.slot = slot
@@ -81,8 +83,8 @@ class GenerationClient:
         Raises:
             JobFinished: the job completed while we waited (a spare's normal end).
             QuorumTimeout: too few processes joined within barrier_timeout.
-            Superseded: a newer incarnation of this slot registered, or the newest leader fenced this one; this
-                process must exit.
+            Superseded: a newer incarnation of this slot registered, or the newest leader fenced this one and its
+                launcher will kill it; this process must exit.
         """
         if after is not None:
             generation, previous = next_generation(self._store, after.generation), after
@@ -128,12 +130,15 @@ class GenerationClient:
 
     def raise_if_superseded(self) -> None:
         """A ghost ends before it interrupts or announces anything: a newer incarnation of its slot registered, or the
-        newest leader fenced this one. Its launcher kills a fenced process once it reads the fence, but a node paused
-        or cut off as a whole wakes with its launcher: the ghost woke first, found itself left out of the generation
-        decided without it, and asked its members to grow for it; they changed generation, for nothing (a partition
-        healed under load: 4 generations where 3)."""
+        newest leader fenced this one and a launcher will kill it. A launcher kills a fenced process once it reads the
+        fence, but a node paused or cut off as a whole wakes with its launcher: the ghost woke first, found itself
+        left out of the generation decided without it, and asked its members to grow for it; they changed generation,
+        for nothing (a partition healed under load: 4 generations where 3). With no launcher to carry out its fence
+        (started by hand, by SLURM), a fenced process that wakes takes part again: the job grows back."""
         store, slot, incarnation = self._store, self.slot, self.incarnation
-        reason = superseded(store, slot, incarnation) or fenced(store, slot, incarnation)
+        reason = superseded(store, slot, incarnation)
+        if reason is None and self._fence_ends_it:
+            reason = fenced(store, slot, incarnation)
         if reason is not None:
             raise Superseded(f"{reason}; it exits without taking part again")
 

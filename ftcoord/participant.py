@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import jobs, keys, rebuild
+from ftcoord import env, jobs, keys, rebuild
 from ftcoord.address import StoreAddress
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
@@ -56,10 +56,13 @@ class Participant:
         timing: Timing | None = None,
         progress_timeout: float | None = None,
         on_helper_failure: Callable[[str], None] = exit_process,
+        launched: bool | None = None,
     ) -> None:
         """`progress_timeout`: None takes Timing.default_progress_timeout; math.inf never calls a member stuck.
         `on_helper_failure(reason)`: what to do when a helper thread died or this incarnation was
-        superseded (ftcoord.watchdog); by default the process ends and its launcher replaces it."""
+        superseded (ftcoord.watchdog); by default the process ends and its launcher replaces it. `launched`: a
+        launcher carries out this process's fences (None: it was started by ftcoord-launch; see
+        GenerationClient.raise_if_superseded)."""
         if slot < 0:
             raise FtcoordError(f"slot {slot} must be >= 0")
         self.address = StoreAddress.parse(store) if isinstance(store, str) else store
@@ -71,6 +74,7 @@ class Participant:
         self.incarnation = 0
         self.record: GenerationRecord | None = None
         self._on_helper_failure = on_helper_failure
+        self.launched = env.launched() if launched is None else launched
         self.link: StoreLink | None = None
         self._log = get_logger(component="participant", slot=slot)
 
@@ -88,7 +92,8 @@ class Participant:
         self._log = get_logger(component="participant", slot=self.slot, incarnation=self.incarnation)
         self.generations = GenerationClient(self.store, self.slot, self.incarnation, self.timing,
                                             on_waiting_after=lambda record: self.leader.note_record(record),
-                                            on_announced=lambda generation: self.monitor.announced(generation))
+                                            on_announced=lambda generation: self.monitor.announced(generation),
+                                            fence_ends_it=self.launched)
         self.report = SlotReport(self.slot)
         # The helper watch reads nothing itself: the leader duty reads this slot's newest incarnation every round,
         # and each helper tells it when that, or its own failure, is news (it looks every heartbeat_timeout too).

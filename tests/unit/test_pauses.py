@@ -164,12 +164,13 @@ def test_a_fenced_incarnation_exits_instead_of_asking_the_members_to_grow_for_it
     """A node paused as a whole (its launcher too) while its rank was fenced: the rank woke before its launcher read
     the fence, found itself left out of the generation decided without it, and interrupted that generation to grow;
     the members changed generation without it, for nothing (chaos partition under load: 4 generations where 3). The
-    newest leader's fence ends it like a newer incarnation does."""
+    newest leader's fence ends a process that has a launcher like a newer incarnation does. (One without a launcher
+    takes part again: tests/integration/test_generations.py, the hung process that wakes.)"""
     policy = QuorumPolicy(3)
     leader = start(participants, store_server.address, job_id, 0, policy)
     wait_until(lambda: leader.leader.is_leader, 5, "slot 0 to lead")
     member = start(participants, store_server.address, job_id, 1, policy)
-    ghost = start(participants, store_server.address, job_id, 2, policy)
+    ghost = start(participants, store_server.address, job_id, 2, policy, launched=True)  # its launcher kills it
     join_together(leader, member, ghost)
     assert leader.generation == member.generation == ghost.generation == 1
     ghost.heartbeat.stop()  # its whole node is paused now, launcher and all: the fence waits unread
