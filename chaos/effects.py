@@ -28,7 +28,9 @@ answering, say: no step is committed between that fault and this one) cannot sho
 held to the job training on after it.
 
 A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
-launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r.
+launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r. A kill-leader
+hits a hot spare too when one leads (a leader leads until it dies, seated or not): no generation
+changes for it, and its launcher replaces it.
 """
 
 from __future__ import annotations

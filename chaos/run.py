@@ -29,6 +29,16 @@ FIRE_RETRY_S = 10.0
 """A fault whose target has no live process yet (its replacement is starting) is retried this long."""
 OUTCOME = "outcome.json"
 
+ONE_PROCESS_KINDS = (*RANK_KINDS, "kill-leader", "kill-follower", "pause-leader")
+"""Faults that hit one process of the job, chosen by rank, slot or role."""
+
+
+def hit_member(kind: str, slot: int | None, tail: LedgerTail) -> bool | None:
+    """Whether the process a fault hit was training then (a member of the newest generation) or not (a hot spare: its
+    launcher is to replace it, chaos.effects); None for a fault of no one process. The leader may be a hot spare (it
+    leads until it dies, seated or not): a kill-leader that hit one changes no generation, and was held to one."""
+    return tail.is_member(slot) if kind in ONE_PROCESS_KINDS and slot is not None else None
+
 
 @dataclass
 class FaultEvent:
@@ -184,7 +194,7 @@ class ChaosRunner:
                 mono: float | None = None, fired: bool = True, slot: int | None = None) -> None:
         when = time.monotonic() if mono is None else mono
         hit = fault.slot if slot is None else slot
-        member = tail.is_member(hit) if fault.kind in RANK_KINDS else None
+        member = hit_member(fault.kind, hit, tail)
         event = FaultEvent(index, fault.kind, hit, fault.step, when, pid, tail.generation_before(when), fault.label,
                            note, fired, fault.rank, member)
         self.events.append(event)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from chaos.effects import fault_problems
+from chaos.progress import LedgerTail
+from chaos.run import hit_member
 from chaos.scenario import parse
 
 SCENARIO = """
@@ -75,3 +79,28 @@ def test_a_store_fault_while_the_job_stands_still_is_held_to_training_on() -> No
     alone = fault_problems(scenario, [store, {**partition, "mono": 35.5}], still, [])
     assert alone == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
                      "while the store is away (the step path needs no store) after it"]
+
+
+def test_a_leader_that_was_a_hot_spare_is_held_to_its_replacement_not_to_a_new_generation(tmp_path: Path) -> None:
+    """The random schedule re-seeded to 31006 (3 ranks and a spare) failed a correct run: its last kill-leader hit the
+    spare, which led (a leader leads until it dies), and the members trained on in their generation to the end, as
+    they should. The fault was held to a newer generation; whether the leader it hit trained was not recorded."""
+    (tmp_path / "ledger-slot0-11.jsonl").write_text(json.dumps(
+        {"kind": "generation", "generation": 4, "members": [0, 1, 2], "slot": 0, "pid": 11, "mono": 1.0}) + "\n")
+    tail = LedgerTail(tmp_path)
+    tail.poll()
+    assert hit_member("kill-leader", 100000, tail) is False  # the spare led
+    assert hit_member("kill-leader", 1, tail) is True
+    assert hit_member("pause-leader", 100000, tail) is False
+    assert hit_member("store-restart", 0, tail) is None
+    scenario = parse(SCENARIO[:SCENARIO.index("[[faults]]")] + '[[faults]]\nkind = "kill-leader"\nstep = 20\n')
+    kill = {"index": 0, "kind": "kill-leader", "mono": 20.5, "slot": 100000, "member": False}
+    records = steps(4, 0, 39)  # the members train on in their generation to the end
+    replaced = [{"slot": 100000, "mono": 20.6}]
+    assert fault_problems(scenario, [kill], records, replaced) == []
+    assert fault_problems(scenario, [{**kill, "member": None}], records, replaced) == [  # as it was recorded
+        "planned fault kill-leader at step 20 (slot 0) had no effect: expected a newer generation commits a step after "
+        "it"]
+    assert fault_problems(scenario, [kill], records, []) == [
+        "planned fault kill-leader at step 20 (slot 0) hit slot 100000, a hot spare, and its launcher replaces the hot "
+        "spare it hit never happened"]
