@@ -63,7 +63,10 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     the job was re-forming for an earlier fault has no interrupt of its own either, but was not ridden through when
     the paused process trained before it and committed nothing after it (left out of the re-form, replaced): its
     recovery is timed, and its note says so (seen: a hang 17 ms after another rank's raise cost the re-form a
-    heartbeat timeout). A hot spare paused trained neither before nor after: nothing to recover from."""
+    heartbeat timeout). A fault that hit a hot spare (not training then: `member` False; a kill-leader hits one when a
+    spare leads) and ended no generation has nothing to recover from either: a generation that changes after it is a
+    later fault's (seen: a spare leader paused, then killed, 0.2 s before a stuck rank, each timed at the stuck rank's
+    25 s)."""
     interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
@@ -75,7 +78,10 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
         full = next((r["mono"] - t0 for r in steps if r["mono"] >= t0 and r["generation"] > gen
                      and r["world_size"] == target_world_size), None)
         note = fault.get("note", "")
-        if detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS, *STANDBY_KINDS):
+        if detect is None and fault.get("member") is False:  # a hot spare hit: the members trained on
+            recover = full = None
+            note = (f"{note}; " if note else "") + "it hit a hot spare: nothing to recover from"
+        elif detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS, *STANDBY_KINDS):
             if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
                 note = (f"{note}; " if note else "") + ("no interrupt of its own: the re-form under way when it "
                                                         "paused left it out")

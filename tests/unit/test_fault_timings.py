@@ -65,3 +65,19 @@ def test_a_standby_fault_has_nothing_to_recover_from(tmp_path: Path) -> None:
     pause, kill = fault_timings([paused, killed], steps, tmp_path, target_world_size=2)
     assert pause["detect_s"] is None and pause["recover_s"] is None and pause["full_recover_s"] is None
     assert kill["recover_s"] == 2.8
+
+
+def test_a_fault_that_hit_a_hot_spare_has_nothing_to_recover_from(tmp_path: Path) -> None:
+    """The random schedule re-seeded to 31006: the spare, which led, was paused then killed (pause-leader,
+    kill-leader), and 80 ms later a rank's training thread stuck. Each of the spare's faults was timed at the stuck
+    rank's recovery, 25 s: the members never stopped for the spare. A fault at a member is timed as before."""
+    spare = {"kind": "kill-leader", "slot": 100000, "step": 86, "mono": 100.0, "pid": 50, "generation": 1,
+             "member": False}
+    stuck = {"kind": "stuck", "slot": 1, "step": 88, "mono": 100.08, "pid": 11, "generation": 1, "member": True}
+    (tmp_path / "slot0.jsonl").write_text(json.dumps(
+        {"event": "member_declared_dead", "mono": 124.7, "generation": 1, "reason": "stuck"}) + "\n")
+    steps = [_step(99.9, 1, pid) for pid in (10, 11)] + [_step(125.0, 2, pid) for pid in (10, 20)]
+    kill, hung = fault_timings([spare, stuck], steps, tmp_path, target_world_size=2)
+    assert kill["detect_s"] is None and kill["recover_s"] is None and kill["full_recover_s"] is None, kill
+    assert "hot spare" in kill["note"]
+    assert hung["recover_s"] == 24.92
