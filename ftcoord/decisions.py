@@ -40,6 +40,11 @@ class LeaderClaim:
         return f"{self.term}:{self.slot}:{self.incarnation}"
 
 
+def newest_term(store: dist.Store) -> int:
+    """The term of the newest leader claim (0 before the first): a fence of an older term is not carried out."""
+    return LeaderClaim.parse(get_or_none(store, keys.LEADER) or b"0").term
+
+
 EPOCH_SPAN = 1_000_000
 """Generation numbers of store epoch e are above e * EPOCH_SPAN (ftcoord.store_link): a restarted store never
 decides a number that its lost predecessor may have decided. A job that starts on a store that never

@@ -16,10 +16,9 @@ from typing import Any, Protocol, TypeVar
 import torch.distributed as dist
 
 from ftcoord import keys
-from ftcoord.decisions import LeaderClaim
+from ftcoord.decisions import newest_term
 from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.slots import parse_fence
-from ftcoord.store import get_or_none
 
 
 class Child(Protocol):
@@ -53,7 +52,7 @@ class FenceWatch:
             fenced_term, incarnation = parse_fence(value)
             if incarnation < child.incarnation or child.fence_killed or value == child.fence_ignored:
                 continue
-            term = term if term is not None else LeaderClaim.parse(get_or_none(self._store, keys.LEADER) or b"0").term
+            term = term if term is not None else newest_term(self._store)
             if fenced_term < term:
                 self._log.warning("fence_ignored", slot=child.slot, incarnation=child.incarnation,
                                   fence_term=fenced_term, leader_term=term)

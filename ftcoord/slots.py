@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ftcoord import keys
-from ftcoord.decisions import LeaderClaim
+from ftcoord.decisions import newest_term
 from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
 from ftcoord.store import get_or_none, read_int
 from ftcoord.store_link import pinned_multi_get
@@ -43,8 +43,7 @@ def fenced(store: dist.Store, slot: int, incarnation: int) -> str | None:
     term, named = parse_fence(get_or_none(store, keys.fence(slot)) or b"0")
     if named < incarnation:
         return None
-    newest = LeaderClaim.parse(get_or_none(store, keys.LEADER) or b"0").term
-    if term < newest:
+    if term < newest_term(store):
         return None
     return (f"incarnation {incarnation} of slot {slot} was fenced by the leader of term {term} (declared dead: it "
             f"was silent, hung or stuck, paused or cut off)")

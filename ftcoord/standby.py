@@ -441,10 +441,10 @@ class WarmStandby:
     def abandon(self, pending: PendingFork) -> None:
         """See PendingFork.abandon."""
         self._abandoned.add(pending.number)
-        if pending.number not in self._spawned:  # not sent when it does not fit: the request's deadline forks nothing
-            self._send({"cancel": pending.number})
         if pending.number in self._spawned:  # answered, not collected
             self._answered(pending.number, self._spawned.pop(pending.number))
+        else:  # not sent when it does not fit: the request's deadline forks nothing
+            self._send({"cancel": pending.number})
 
     def _answered(self, number: int, pid: int | None) -> None:
         if number not in self._abandoned:
