@@ -24,8 +24,9 @@ say) takes no rank with it; the launcher sees their deaths without it (below) an
 stdin lets the template exit once its last replacement has.
 
 The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later
-tick (`PendingFork.collect`), and writes a request only when the pipe has room for it (a template that stopped
-reading leaves its launcher a full pipe), so a template that stops answering holds up no fence and no other slot.
+tick (`PendingFork.collect`), and writes to a non-blocking stdin: a request the full pipe takes none of is not sent
+(a template that stopped reading leaves its launcher a full pipe), so a template that stops answering holds up no
+fence and no other slot.
 One that is stopped (SIGSTOP, a frozen cgroup), or has not answered by FORK_ANSWER_S (starved), is given up on at
 once: a new interpreter takes the slot, and what the template forks for it after all is refused or killed, never a
 second process for the slot. A replacement's death is seen without the template too (`ForkedProcess.poll` reads a
@@ -35,7 +36,6 @@ zombie's exit status): a stopped template reaps nothing.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
 import io
 import json
@@ -43,10 +43,8 @@ import os
 import runpy
 import select
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import threading
 import time
 import traceback
@@ -378,6 +376,8 @@ class WarmStandby:
     _spawned: dict[int, int | None] = field(default_factory=dict)
     _abandoned: set[int] = field(default_factory=set)
     _requests: int = 0
+    _unsent: bytes = b""
+    """What a write took not of a line longer than PIPE_BUF (the pipe had room for less): it goes before any other."""
 
     @classmethod
     def start(cls, command: list[str], env: dict[str, str], niced: bool = True) -> WarmStandby:
@@ -390,6 +390,7 @@ class WarmStandby:
         os.close(write_fd)
         os.close(lifeline_read)
         os.set_blocking(read_fd, False)
+        os.set_blocking(process.stdin.fileno(), False)  # see _send
         return cls(process, read_fd, lifeline_write)
 
     @property
@@ -397,7 +398,9 @@ class WarmStandby:
         return self.process.poll() is None
 
     def pump(self) -> None:
-        """Read what the standby said (readiness, forks, exits) without blocking."""
+        """Read what the standby said (readiness, forks, exits) without blocking; write the rest of a line it was
+        sent in part (_send)."""
+        self._write_unsent()
         try:
             chunk = os.read(self.reply_fd, 65536)
         except (BlockingIOError, OSError):
@@ -469,21 +472,35 @@ class WarmStandby:
         return pending
 
     def _send(self, message: dict[str, object]) -> bool:
-        """Write one line to the template's stdin if the pipe has room for it now; False when it has not, or the
-        template is gone. Never blocks: a template that stopped reading (stopped, starved) would hold up the launcher,
-        every fence and every other slot with it, in a write to a full pipe (64 KB, a few hundred requests)."""
-        stdin = self.process.stdin
-        if stdin is None:
+        """Write one line to the template's stdin without blocking; False when the pipe takes none of it now, or the
+        template is gone. A template that stopped reading (stopped, starved) would otherwise hold up the launcher,
+        every fence and every other slot with it, in a write to a full pipe.
+
+        The stdin is non-blocking, and the kernel alone knows the room left: a pipe holds 16 pages, not 64 KB, and
+        a line that does not fit in the last page's rest takes a page of its own. A line of up to PIPE_BUF (4 KB) goes
+        whole or not at all; of a longer one, the rest a write did not take goes at the next pump or send, before any
+        other line, and the line counts as sent (its deadline and cancellation hold as for any)."""
+        if not self._write_unsent():
             return False
         line = (json.dumps(message) + "\n").encode()
+        written = self._write(line)
+        self._unsent = line[written:] if written else b""
+        return written > 0
+
+    def _write_unsent(self) -> bool:
+        """Write what is left of a line sent in part; True when nothing is left."""
+        if self._unsent:
+            self._unsent = self._unsent[self._write(self._unsent):]
+        return not self._unsent
+
+    def _write(self, data: bytes) -> int:
+        """Bytes of `data` the template's stdin takes now: 0 when its pipe is full, the template is gone (broken
+        pipe) or its stdin closed."""
+        stdin = self.process.stdin
         try:
-            if len(line) > pipe_room(stdin.fileno()):
-                return False
-            stdin.write(line)
-            stdin.flush()
-        except (OSError, ValueError):  # a dead standby forks nothing (broken pipe); a closed stdin takes no line
-            return False
-        return True
+            return os.write(stdin.fileno(), data) if stdin is not None else 0
+        except (OSError, ValueError):  # BlockingIOError is an OSError
+            return 0
 
     def wait_answer(self, timeout: float) -> None:
         """Sleep until the template says something (a fork's answer, say) or `timeout` passes."""
@@ -504,16 +521,6 @@ class WarmStandby:
             wait_killed(self.process)
         os.close(self.reply_fd)
         os.close(self.lifeline_fd)
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def pipe_room(fd: int) -> int:
-    """Bytes a write to the pipe `fd` surely takes without blocking now: its capacity less what waits unread in it, less
-    a page (the kernel fills a pipe by pages: the last one partly read may not take the rest)."""
-    unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) - unread - _PAGE
 
 
 if __name__ == "__main__":
