@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ftcoord import keys
 from ftcoord.process_state import stopped
 from ftcoord.restart_delay import RestartDelay
-from ftcoord.standby import ForkedProcess
+from ftcoord.standby_handle import ForkedProcess
 from ftcoord.store import read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way

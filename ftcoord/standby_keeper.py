@@ -14,7 +14,8 @@ from collections.abc import Callable
 from ftcoord import launcher_report
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.process_state import stopped
-from ftcoord.standby import ForkedProcess, ForkFailed, PendingFork, PythonCommand, WarmStandby
+from ftcoord.standby import PythonCommand
+from ftcoord.standby_handle import ForkedProcess, ForkFailed, PendingFork, WarmStandby
 
 STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
 
@@ -95,7 +96,7 @@ class StandbyKeeper:
 
     def collect(self, key: int) -> ForkedProcess | None:
         """The process asked for under `key`, once forked; None while on its way. Raises ForkFailed when none will
-        come (ftcoord.standby.PendingFork.collect)."""
+        come (ftcoord.standby_handle.PendingFork.collect)."""
         try:
             forked = self._forks[key].collect()
         except ForkFailed:

@@ -34,7 +34,8 @@ from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
 from ftcoord.slot_process import SlotProcess
-from ftcoord.standby import ForkedProcess, ForkFailed, PythonCommand
+from ftcoord.standby import PythonCommand
+from ftcoord.standby_handle import ForkedProcess, ForkFailed
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.store import get_or_none, read_int
 
@@ -103,8 +104,8 @@ class Supervisor:
         """Start the slot's process: forked by the warm standby, or a new interpreter.
 
         A fork is asked for here and collected at the next ticks (the loop wakes when the standby answers, within
-        milliseconds): the launcher never waits for its standby, so one that is stopped or starved holds up no fence
-        and no other slot, and one that has not answered in time (ftcoord.standby.FORK_ANSWER_S) is given up for a
+        milliseconds): the launcher never waits for its standby, so one that is stopped or starved holds up no fence and
+        no other slot, and one that has not answered in time (ftcoord.standby_handle.FORK_ANSWER_S) is given up for a
         new interpreter. While the standby is still warming up (it was started moments ago, or restarted), the start
         waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
         """

@@ -16,7 +16,7 @@ import pytest
 
 from ftcoord import env
 from ftcoord.process_state import state, stopped
-from ftcoord.standby import ForkedProcess, ForkFailed, WarmStandby
+from ftcoord.standby_handle import ForkedProcess, ForkFailed, WarmStandby
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 
@@ -141,7 +141,7 @@ def test_a_replacements_death_is_seen_while_its_standby_is_stopped(tmp_path: Pat
 ORPHANED_EXIT = """
 import ctypes, os, signal, sys, time
 from pathlib import Path
-from ftcoord.standby import WarmStandby
+from ftcoord.standby_handle import WarmStandby
 from tests.unit.test_standby import fork_now, start
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: this process is the orphan's init
 script, go = sys.argv[1:]
