@@ -66,7 +66,7 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     heartbeat timeout). A fault that hit a hot spare (not training then: `member` False; a kill-leader hits one when a
     spare leads) and ended no generation has nothing to recover from either: a generation that changes after it is a
     later fault's (seen: a spare leader paused, then killed, 0.2 s before a stuck rank, each timed at the stuck rank's
-    25 s)."""
+    25 s). A fault with nothing to recover from says why in its note, which the report shows beside the None."""
     interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
@@ -85,12 +85,21 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
             if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
                 note = (f"{note}; " if note else "") + ("no interrupt of its own: the re-form under way when it "
                                                         "paused left it out")
-            else:  # ridden through: nothing to recover from
+            else:  # ridden through: nothing to recover from, and the report says why rather than a bare None
                 recover = full = None
+                note = (f"{note}; " if note else "") + _RIDDEN_THROUGH[
+                    "stop" if fault["kind"] in STOP_KINDS else "store" if fault["kind"] in STORE_KINDS else "standby"]
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),
                       "note": note})
     return timed
+
+
+_RIDDEN_THROUGH = {
+    "stop": "ridden through: no generation ended for it (the process trained on as it woke, or was not training)",
+    "store": "ridden through: a store fault ends no generation (the ranks trained on)",
+    "standby": "ridden through: a standby fault ends no generation (the ranks trained on)",
+}
 
 
 def _left_out(fault: dict[str, Any], steps: list[dict[str, Any]]) -> bool:

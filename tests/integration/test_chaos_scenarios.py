@@ -102,6 +102,10 @@ def test_pause_in_every_role(tmp_path: Path) -> None:
     assert spare["slot"] >= 100_000 and spare["detect_s"] is None and brief["detect_s"] is None, report["faults"]
     assert member["detect_s"] is not None and leader["detect_s"] is not None, report["faults"]
     assert report["world_sizes"] == [3], report["faults"]
+    # Nothing to recover from, and the report says why where it shows the None (ridden through; a spare hit).
+    assert brief["recover_s"] is None and brief["note"] and spare["note"], report["faults"]
+    faults_table = (tmp_path / "pause" / "report.md").read_text()
+    assert f"| {brief['note']} |" in faults_table and f"| {spare['note']} |" in faults_table, faults_table
     logs = tmp_path / "pause" / "logs"
     fenced = read_logs(logs, ("rank_fenced_killed",))
     assert sorted(e["slot"] for e in fenced) == sorted([spare["slot"], member["slot"], leader["slot"]]), fenced
