@@ -127,7 +127,7 @@ class WarmStandby:
     _abandoned: set[int] = field(default_factory=set)
     _requests: int = 0
     _unsent: bytes = b""
-    """What a write took not of a line longer than PIPE_BUF (the pipe had room for less): it goes before any other."""
+    """The rest of a line longer than PIPE_BUF that a write did not take (the pipe had room for less): sent first."""
 
     @classmethod
     def start(cls, command: list[str], env: dict[str, str], niced: bool = True) -> WarmStandby:
