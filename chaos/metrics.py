@@ -80,15 +80,13 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
         note = fault.get("note", "")
         if detect is None and fault.get("member") is False:  # a hot spare hit: the members trained on
             recover = full = None
-            note = (f"{note}; " if note else "") + "it hit a hot spare: nothing to recover from"
-        elif detect is None and fault["kind"] in (*STOP_KINDS, *STORE_KINDS, *STANDBY_KINDS):
+            note = _noted(note, "it hit a hot spare: nothing to recover from")
+        elif detect is None and fault["kind"] in _RIDDEN_THROUGH:
             if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
-                note = (f"{note}; " if note else "") + ("no interrupt of its own: the re-form under way when it "
-                                                        "paused left it out")
+                note = _noted(note, "no interrupt of its own: the re-form under way when it paused left it out")
             else:  # ridden through: nothing to recover from, and the report says why rather than a bare None
                 recover = full = None
-                note = (f"{note}; " if note else "") + _RIDDEN_THROUGH[
-                    "stop" if fault["kind"] in STOP_KINDS else "store" if fault["kind"] in STORE_KINDS else "standby"]
+                note = _noted(note, _RIDDEN_THROUGH[fault["kind"]])
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),
                       "note": note})
@@ -96,10 +94,17 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
 
 
 _RIDDEN_THROUGH = {
-    "stop": "ridden through: no generation ended for it (the process trained on as it woke, or was not training)",
-    "store": "ridden through: a store fault ends no generation (the ranks trained on)",
-    "standby": "ridden through: a standby fault ends no generation (the ranks trained on)",
+    **dict.fromkeys(STOP_KINDS, "ridden through: no generation ended for it (the process trained on as it woke, or was "
+                                "not training)"),
+    **dict.fromkeys(STORE_KINDS, "ridden through: a store fault ends no generation (the ranks trained on)"),
+    **dict.fromkeys(STANDBY_KINDS, "ridden through: a standby fault ends no generation (the ranks trained on)"),
 }
+"""The kinds of fault a job may ride through (no interrupt of their own), and the note that says so."""
+
+
+def _noted(note: str, more: str) -> str:
+    """A fault's note with `more` added to what the runner noted."""
+    return f"{note}; {more}" if note else more
 
 
 def _left_out(fault: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
