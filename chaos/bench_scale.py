@@ -24,8 +24,10 @@ few processes on this machine, so the network is loopback and every participant'
 - store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
   once settled);
 - `floor_s`: what the same number of bare store clients, laid out alike, take on this machine to hear an
-  interrupt, be counted and hear a decision: with nothing else, with ftcoord's critical-path requests, and with
-  every request an advance costs (chaos.scale_floor): how far an advance is from what this machine allows.
+  interrupt, be counted and hear a decision: with nothing else, with ftcoord's critical-path requests, with every
+  request ftcoord makes, and with the process group's rendezvous key too (chaos.scale_floor): how far an advance is
+  from what this machine allows. A size too big to simulate here gets its floor alone (bare clients keep no steady
+  state up), with a record sized from the largest size measured (`record_bytes_estimated`).
 
 - `stragglers`: a change still incomplete STRAGGLING_S after it began: which participants had not announced
   themselves or got the record, their workers, and where the threads of a few of them were (stack and interrupt watch
@@ -59,6 +61,7 @@ size whose run fails (a worker process died: said at once, with its slots) is a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import random
@@ -76,7 +79,7 @@ from typing import Any, TextIO
 
 from chaos import scale_floor
 from chaos.bench_recovery import summary
-from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMemory, per_process, status_mb
+from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMemory, layout, per_process, status_mb
 from chaos.scale_report import markdown, plot, targets_missed
 from ftcoord import keys
 from ftcoord.config import Timing
@@ -594,7 +597,8 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
                                         say=lambda text: print(text, flush=True)))
             except DoesNotFit as exc:
                 print(f"N={n}: not measured: {exc}", flush=True)
-                results.append({"participants": n, "not_measured": str(exc)})
+                results.append({"participants": n, "not_measured": str(exc),
+                                **_floor_beyond(n, memory, repetitions, results, participants)})
             except (RuntimeError, TimeoutError) as exc:
                 print(f"N={n}: not measured: the run failed: {exc}", flush=True)
                 results.append({"participants": n, "not_measured": f"the run failed: {exc}"})
@@ -625,6 +629,28 @@ def _floor(n: int, per_process: int, repetitions: int, record_bytes: int, partic
             floors[variant] = {"not_measured": str(exc)}
             print(f"  N={n}: floor, {variant}: not measured: {exc}", flush=True)
     return floors
+
+
+def _floor_beyond(n: int, memory: WorkerMemory, repetitions: int, measured: list[dict[str, Any]],
+                  participants: str) -> dict[str, Any]:
+    """The floor of a size too big to simulate here (chaos.scale_floor: bare clients, no heartbeats, so no steady
+    state to keep up): what this machine allows any protocol at that size, and whether ftcoord's own requests fit
+    the target where the simulation cannot say. Laid out as the size would have been (scale_layout.layout), with a
+    record as big per member as the largest size measured before it had (records grow more slowly than that)."""
+    sized = [r for r in measured if "record_bytes" in r]
+    if not sized:
+        why = "no smaller size was measured before it, to size its record by: put one first in --sizes"
+        return {"floor_s": {variant: {"not_measured": why} for variant in scale_floor.VARIANTS}}
+    largest = max(sized, key=lambda r: r["participants"])
+    record_bytes = math.ceil(largest["record_bytes"] * n / largest["participants"])
+    try:
+        count = layout(n, memory, Machine.now())
+    except DoesNotFit as exc:
+        return {"floor_s": {variant: {"not_measured": f"bare clients do not fit either: {exc}"}
+                            for variant in scale_floor.VARIANTS}}
+    print(f"N={n}: the floor alone, {count} bare clients per process, a record of ~{record_bytes} bytes", flush=True)
+    return {"run_as": participants, "record_bytes_estimated": record_bytes,
+            "floor_s": _floor(n, count, repetitions, record_bytes, participants)}
 
 
 def _machine() -> dict[str, Any]:

@@ -6,18 +6,23 @@ the N clients share 2 cores (on a real job each has a host's), so a wake of a th
 milliseconds by itself, whatever the protocol does. This module measures that, with the participants' layout
 (the same processes, one client and one thread per participant) and no ftcoord logic: bare TCPStore clients,
 and a driver that plays the leader (sets the interrupt key, polls the count every 5 ms like the leader's poll of
-the announcements, then writes a record of the size the swarm's was). Three variants, each over several rounds:
+the announcements, then writes a record of the size the swarm's was, and releases the monitors). Four variants,
+each over several rounds:
 
 - `least`: wake, one request to be counted (an add), wake: the least any protocol on a store must do;
 - `critical_path`: the requests on ftcoord's own critical path, in order: the monitor's wait for the interrupt
   and its read (TCPStore's get: two requests), the trainer's announcement (an append: the driver counts its
   lines, as the leader does); its wait for the record and the read (five requests);
-- `every_request`: the critical path, then the rest of what an advance costs a participant, as
-  `requests_per_advance` counts it, from the same thread: the monitor's release (a wait and a read of the probe
-  key) and its read of the stop key, the rendezvous (arrived, the member's address key), the status.
+- `ftcoord_requests`: the critical path, then the rest of what ftcoord asks of a participant per advance, from the
+  same thread: the monitor's release (a wait, and no read: ftcoord.monitor) and the rendezvous's count (an add of
+  `arrived`): seven requests;
+- `every_request`: those, and the process group's own rendezvous key (gloo's: 8 bytes per peer, so N² bytes through
+  the store per advance): the eight requests an advance costs a participant, as `requests_per_advance` counts them
+  (tests/integration/test_scale_bench.py checks the two agree, operation by operation).
 
 The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
-off-path requests cost; `every_request`, what its requests cost with no thread but one per participant; `least`
+off-path requests cost; `every_request`, what its requests cost with no thread but one per participant, and
+`ftcoord_requests` beside it, what of that is ftcoord's own and what the process group's rendezvous; `least`
 against a target says whether the target is reachable on this machine at all.
 
 The worker side runs as `python -m chaos.scale_floor` and talks JSON lines on stdout ("ready", then one "round"
@@ -43,7 +48,7 @@ from ftcoord.server import StoreProcess
 from ftcoord.store import connect, get_or_none, read_int
 from ftcoord.store_main import raise_open_files
 
-VARIANTS = ("least", "critical_path", "every_request")
+VARIANTS = ("least", "critical_path", "ftcoord_requests", "every_request")
 _POLL_S = 0.005  # the driver polls the count as often as ftcoord's leader polls a generation's join counter
 _WAIT = timedelta(seconds=120)
 
@@ -55,7 +60,6 @@ def _key(variant: str, round_: int, name: str) -> str:
 def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int, members: int) -> None:
     """One bare participant: for each round, hear the interrupt, be counted, hear the record (see the docstring)."""
     announcement = json.dumps({"generation": 0, "slot": slot, "incarnation": 1, "step": 0}) + "\n"
-    status = json.dumps({"generation": 0, "rank": slot, "step": 0, "steps_per_s": 0.0, "restarts": {}})
     for r in range(rounds):
         interrupt, record = _key(variant, r, "interrupt"), _key(variant, r, "record")
         if variant == "least":
@@ -68,12 +72,11 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
             store.wait([record], _WAIT)
         else:
             store.get(record)
-        if variant == "every_request":
-            store.get(_key(variant, r, "probe"))  # the monitor, released (ftcoord.monitor)
-            get_or_none(store, "stop")
-            store.add(_key(variant, r, "arrived"), 1)
+        if variant in ("ftcoord_requests", "every_request"):
+            store.wait([_key(variant, r, "probe")], _WAIT)  # the monitor, released: no read (ftcoord.monitor)
+            store.add(_key(variant, r, "arrived"), 1)  # the rendezvous counts the member in
+        if variant == "every_request":  # the process group's own rendezvous: gloo's address key
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * 8 * members)
-            store.set(f"floor/status/{slot}", status)
         ends[r] = max(ends[r], time.monotonic())
 
 

@@ -117,6 +117,13 @@ def per_process(n: int, memory: WorkerMemory, machine: Machine,
             f"{CPU_SHARE:.0%} they may take (the store, the leader and the advances need the rest; past it, heartbeats "
             f"are late and every figure measures the machine, not the protocol): run this size on a machine with more "
             f"cores, or leave it out of --sizes")
+    return layout(n, memory, machine)
+
+
+def layout(n: int, memory: WorkerMemory, machine: Machine) -> int:
+    """The participants per bulk process for `n` (the fewest that fit the store's descriptors, the kernel's threads
+    and the memory), or DoesNotFit; the steady state's CPU aside (per_process checks it first): the floor of a size
+    too busy to simulate is laid out as the size would have been (chaos.bench_scale)."""
     connections = n * CONNECTIONS_PER_PARTICIPANT + 64  # the driver's, the store's own
     if connections > machine.open_files:
         raise DoesNotFit(

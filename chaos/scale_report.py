@@ -19,7 +19,7 @@ def targets_missed(results: list[dict[str, Any]]) -> list[str]:
     for r in results:
         n = r["participants"]
         if "not_measured" in r:
-            missed.append(f"N={n}: not measured: {r['not_measured']}")
+            missed.append(f"N={n}: not measured: {r['not_measured']}{_floor_said(r)}")
             continue
         limit = 0.25 if n <= 1024 else 1.0
         if r["advance_s"]["median"] > limit:
@@ -55,6 +55,7 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
             f"| {m['median'] * 1000:.0f} ms | {r['reform_marked_s'] * 1000:.0f} ms | {r['detect_silent_s']} s / "
             f"{r['reform_silent_s']} s | {r['ops_per_participant_s']['total']} (budget {r['ops_budget']}) | "
             f"{r.get('leader_cpu_per_advance_s', 'n/a')} s | {r['store_rss_mb']} MB | {r['store_keys']} |")
+    floor_alone = [_floor_alone(r) for r in results if "not_measured" in r and r.get("floor_s")]
     results = [r for r in results if "not_measured" not in r]
     memory = [f"- N={r['participants']}: {s['advances']} advances: store RSS {s['store_rss_mb']} MB, "
               f"{s['store_keys']} keys" for r in results if r.get("memory") for s in r["memory"]["samples"]]
@@ -77,7 +78,7 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
     return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n"
             + "Participants run as: " + "; ".join(said.get(name, name) for name in run_as) + "\n\n"
             + head + "\n".join(lines)
-            + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases)
+            + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases + floor_alone)
             + "\n\nSlow changes (stragglers, and changes nobody asked for):\n"
             + ("\n".join(line for r in results for line in _slow_lines(r)) or "- none")
             + "\n\nStore requests per participant per second, by thread:\n" + "\n".join(roles)
@@ -118,8 +119,20 @@ def _floor_line(result: dict[str, Any]) -> str:
 
     return (f". The same number of bare store clients, laid out alike with no ftcoord logic (chaos.scale_floor): "
             f"{said('least')} to hear an interrupt, be counted and hear a decision; {said('critical_path')} with "
-            f"ftcoord's critical-path requests; {said('every_request')} with every request an advance costs, from "
+            f"ftcoord's critical-path requests; {said('ftcoord_requests')} with every request ftcoord makes of a "
+            f"participant per advance; {said('every_request')} with the process group's rendezvous key too (gloo's, "
+            f"8 bytes per peer), from "
             + ("one greenlet each" if result.get("run_as") == "events" else "one thread each"))
+
+
+def _floor_alone(result: dict[str, Any]) -> str:
+    """A size too big to simulate here: its floor alone (chaos.bench_scale._floor_beyond), or why not even that."""
+    n = result["participants"]
+    if "record_bytes_estimated" not in result:
+        why = sorted({f["not_measured"] for f in result["floor_s"].values() if "not_measured" in f})
+        return f"- N={n}: not simulated (above), nor its floor: {'; '.join(why)}"
+    return (f"- N={n}: not simulated (above), its floor alone, with a record estimated at "
+            f"{result['record_bytes_estimated']} bytes{_floor_line(result)}")
 
 
 def _floor_said(result: dict[str, Any]) -> str:
@@ -133,12 +146,19 @@ def _ms(result: dict[str, Any], phase: str) -> str:
     return f"{result['advance_phases_s'][phase]['median'] * 1000:.0f} ms"
 
 
+_FLOOR_LINES = {"critical_path": ("x-.", "critical-path requests"),
+                "ftcoord_requests": ("+:", "every request ftcoord makes")}
+"""The floors plotted (chaos.scale_floor's variants): each one's line style and label."""
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    floors = {variant: [(r["participants"], r.get("floor_s", {}).get(variant, {})) for r in results]
+              for variant in _FLOOR_LINES}  # a size too big to simulate has its floor too
     results = [r for r in results if "not_measured" not in r]
     sizes = [r["participants"] for r in results]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -146,11 +166,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.plot(sizes, [r["advance_median_participant_s"]["median"] * 1000 for r in results], "s--",
             label="advance, median participant")
     ax.plot(sizes, [r["reform_marked_s"] * 1000 for r in results], "^:", label="re-form after a marked kill")
-    floors = [(r["participants"], r.get("floor_s", {}).get("critical_path", {})) for r in results]
-    floors = [(n, f["median"] * 1000) for n, f in floors if "median" in f]
-    if floors:
-        ax.plot([n for n, _ in floors], [ms for _, ms in floors], "x-.", color="gray",
-                label="floor: bare clients, critical-path requests")
+    for variant, (style, said) in _FLOOR_LINES.items():
+        points = [(n, f["median"] * 1000) for n, f in floors[variant] if "median" in f]
+        if points:
+            ax.plot([n for n, _ in points], [ms for _, ms in points], style, color="gray",
+                    label=f"floor: bare clients, {said}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("participants")
     ax.set_ylabel("ms")

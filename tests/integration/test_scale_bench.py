@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,33 @@ def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -
     busy = report["cores_busy_during_advance"]
     assert 0 <= busy["store"] <= 1.2 and busy["clock_tick_s"] > 0, busy
     assert report["cores_busy_during_advance"]["participants"] > 0, report["cores_busy_during_advance"]
-    # What bare clients take on this machine, beside the advance (chaos.scale_floor): both variants measured.
+    # What bare clients take on this machine, beside the advance (chaos.scale_floor): every variant measured.
     floor = report["floor_s"]
-    assert all(floor[variant]["median"] > 0 for variant in ("least", "critical_path", "every_request")), floor
+    assert all(floor[variant]["median"] > 0 for variant in ("least", "critical_path", "ftcoord_requests",
+                                                          "every_request")), floor
     assert "bare store clients" in (out / "scale.md").read_text()
+
+
+def test_a_size_too_busy_to_simulate_still_measures_its_floor_alone() -> None:
+    """A size refused for its steady state (its participants' heartbeats would take the cores) still gets what this
+    machine allows any protocol at that size: bare clients keep no steady state up (chaos.scale_floor). Its record is
+    sized from the largest size measured before it, and the report sets the floor beside the refusal."""
+    from chaos.bench_scale import _floor_beyond
+    from chaos.scale_layout import WorkerMemory
+    from chaos.scale_report import markdown, targets_missed
+
+    refused = "16 participants would keep ~1.8 of this machine's 2 cores busy"
+    result = {"participants": 16, "not_measured": refused,
+              **_floor_beyond(16, WorkerMemory(), 2, [{"participants": 8, "record_bytes": 300}], "threads")}
+    assert result["record_bytes_estimated"] == 600 and result["run_as"] == "threads", result
+    floor = result["floor_s"]
+    assert set(floor) == {"least", "critical_path", "ftcoord_requests", "every_request"}, floor
+    assert all(f["median"] > 0 for f in floor.values()), floor
+    misses = targets_missed([result])
+    assert misses[0].startswith(f"N=16: not measured: {refused} (bare clients on this machine, floor: least "), misses
+    text = markdown([result], misses)
+    assert ("- N=16: not simulated (above), its floor alone, with a record estimated at 600 bytes. The same number "
+            "of bare store clients") in text, text
 
 
 def test_the_scale_bench_refuses_bad_sizes_with_a_clear_error() -> None:
@@ -132,6 +156,42 @@ def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tm
     assert threads.get("trainer/append", 0) >= 0.9, threads
     for op in sorted(set(threads) | set(events)):
         assert abs(threads.get(op, 0.0) - events.get(op, 0.0)) <= 0.25, (op, threads, events)
+    # The floor's `every_request` is what a participant asks per advance: the same requests, operation by operation
+    # (the floor once kept a read of the stop key, a status write and a read of the probe the protocol had dropped).
+    measured: Counter[str] = Counter()
+    for role_op, n in threads.items():
+        measured[role_op.split("/")[1]] += n
+    floor = _floor_requests_per_round("every_request", members=12)
+    for op in sorted(set(measured) | set(floor)):
+        assert abs(measured.get(op, 0.0) - floor.get(op, 0)) <= 0.25, (op, dict(measured), dict(floor))
+
+
+def _floor_requests_per_round(variant: str, members: int) -> Counter[str]:
+    """One bare participant's requests in one round of the floor (chaos.scale_floor), counted as StoreLink counts
+    a participant's (TCPStore's get is two), against a real store whose keys let the round run straight through."""
+    from chaos import scale_floor
+    from ftcoord.server import StoreProcess
+    from ftcoord.store import connect
+    from ftcoord.store_link import _REQUESTS
+
+    class Counting:
+        def __init__(self, store: object) -> None:
+            self.store, self.requests = store, Counter[str]()
+
+        def __getattr__(self, name: str) -> object:
+            self.requests[name] += _REQUESTS.get(name, 1)
+            return getattr(self.store, name)
+
+    server = StoreProcess.start("127.0.0.1", 0)
+    try:
+        store = connect(server.address)
+        for name in ("interrupt", "record", "probe"):
+            store.set(f"floor/{variant}/0/{name}", "x")
+        counting = Counting(store)
+        scale_floor._client_rounds(counting, variant, 1, [0.0], 0, members)
+        return counting.requests
+    finally:
+        server.stop()
 
 
 def test_event_loop_participants_without_gevent_get_a_clear_error(monkeypatch: pytest.MonkeyPatch,

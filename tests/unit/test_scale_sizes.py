@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from chaos.bench_scale import between_advances
-from chaos.scale_layout import DoesNotFit, Machine, WorkerMemory, per_process, worker_processes
+from chaos.scale_layout import DoesNotFit, Machine, WorkerMemory, layout, per_process, worker_processes
 from chaos.scale_report import markdown, targets_missed
 from ftcoord import Timing
 
@@ -49,6 +49,7 @@ def test_a_size_whose_participants_would_take_the_machines_cores_at_steady_state
                                          r"measured at 1024.* more than the 40%"):
         per_process(4096, MEASURED, machine(cores=2), 0.246 / 1024, measured_at=1024)
     assert per_process(4096, MEASURED, machine(cores=8), 0.246 / 1024, measured_at=1024) == 128  # 12% of 8 cores
+    assert layout(4096, MEASURED, machine(cores=2)) == 128  # its floor alone is laid out as it would have been
     with pytest.raises(DoesNotFit, match=r"this machine's usual"):  # nothing measured yet: the usual cost
         per_process(4096, MEASURED, machine(cores=2))
 
@@ -98,6 +99,18 @@ def test_a_size_not_measured_is_a_missed_target_and_a_row_of_the_table() -> None
     text = markdown(results, misses)
     assert "| 4096 | not measured: 4096 participants need ~36.9 GiB |" in text
     assert text.rstrip().endswith("missed: " + misses[0])
+
+
+def test_a_size_too_big_to_simulate_with_nothing_smaller_measured_says_why_its_floor_was_not_measured_either(
+) -> None:
+    from chaos.bench_scale import _floor_beyond
+
+    result = {"participants": 4096, "not_measured": "4096 participants would keep ~1.8 of this machine's 2 cores busy",
+              **_floor_beyond(4096, MEASURED, 3, [], "events")}
+    misses = targets_missed([result])
+    assert misses == ["N=4096: not measured: 4096 participants would keep ~1.8 of this machine's 2 cores busy"]
+    assert ("- N=4096: not simulated (above), nor its floor: no smaller size was measured before it, to size its "
+            "record by: put one first in --sizes") in markdown([result], misses)
 
 
 def test_a_slow_change_says_who_was_late_where_they_waited_and_why_an_unasked_change_came() -> None:
