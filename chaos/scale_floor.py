@@ -16,9 +16,9 @@ each over several rounds:
 - `ftcoord_requests`: the critical path, then the rest of what ftcoord asks of a participant per advance, from the
   same thread: the monitor's release (a wait, and no read: ftcoord.monitor) and the rendezvous's count (an add of
   `arrived`): seven requests;
-- `every_request`: those, and the process group's own rendezvous key (gloo's: 8 bytes per peer, so N² bytes through
-  the store per advance): the eight requests an advance costs a participant, as `requests_per_advance` counts them
-  (tests/integration/test_scale_bench.py checks the two agree, operation by operation).
+- `every_request`: those, and the process group's own rendezvous key (gloo's, as ftcoord's members write it:
+  chaos.scale_worker.GLOO_KEY_BYTES): the eight requests an advance costs a participant, as `requests_per_advance`
+  counts them (tests/integration/test_scale_bench.py checks the two agree, operation by operation).
 
 The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
 off-path requests cost; `every_request`, what its requests cost with no thread but one per participant, and
@@ -44,6 +44,7 @@ from typing import Any
 
 from chaos.bench_recovery import summary
 from chaos.scale_layout import freeze_startup_objects
+from chaos.scale_worker import GLOO_KEY_BYTES
 from ftcoord.server import StoreProcess
 from ftcoord.store import connect, get_or_none, read_int
 from ftcoord.store_main import raise_open_files
@@ -57,7 +58,7 @@ def _key(variant: str, round_: int, name: str) -> str:
     return f"floor/{variant}/{round_}/{name}"
 
 
-def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int, members: int) -> None:
+def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int) -> None:
     """One bare participant: for each round, hear the interrupt, be counted, hear the record (see the docstring)."""
     announcement = json.dumps({"generation": 0, "slot": slot, "incarnation": 1, "step": 0}) + "\n"
     for r in range(rounds):
@@ -76,7 +77,7 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
             store.wait([_key(variant, r, "probe")], _WAIT)  # the monitor, released: no read (ftcoord.monitor)
             store.add(_key(variant, r, "arrived"), 1)  # the rendezvous counts the member in
         if variant == "every_request":  # the process group's own rendezvous: gloo's address key
-            store.set(_key(variant, r, f"address/{slot}"), b"\0" * 8 * members)
+            store.set(_key(variant, r, f"address/{slot}"), b"\0" * GLOO_KEY_BYTES)
         ends[r] = max(ends[r], time.monotonic())
 
 
@@ -95,13 +96,11 @@ def worker(argv: list[str] | None = None, client: Callable[[str], Any] = connect
     parser.add_argument("--first", type=int, default=0, help="the first one's slot")
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--members", type=int, required=True, help="participants in all (an address key's size)")
     args = parser.parse_args(argv)
     raise_open_files()
     clients = [client(args.store) for _ in range(args.count)]
     ends_of = [[0.0] * args.rounds for _ in clients]
-    threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i,
-                                                                   args.members),
+    threads = [threading.Thread(target=_client_rounds, args=(c, args.variant, args.rounds, ends_of[i], args.first + i),
                                 daemon=True) for i, c in enumerate(clients)]
     freeze_startup_objects()
     for thread in threads:
@@ -125,7 +124,7 @@ def measure(n: int, per_process: int, rounds: int, record_bytes: int, variant: s
     workers: list[_Worker] = []
     try:
         for first in range(0, n, per_process):
-            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), n, variant, rounds,
+            workers.append(_Worker.spawn(server.address, first, min(per_process, n - first), variant, rounds,
                                          participants))
         for worker in workers:
             worker.expect("ready", timeout_s)
@@ -164,12 +163,12 @@ class _Worker:
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
-    def spawn(cls, address: str, first: int, count: int, members: int, variant: str, rounds: int,
+    def spawn(cls, address: str, first: int, count: int, variant: str, rounds: int,
               participants: str = "threads") -> _Worker:
         entry = ["chaos.scale_floor"] if participants == "threads" else ["chaos.scale_worker_events", "floor"]
         return cls(subprocess.Popen(
             [sys.executable, "-m", *entry, "--store", address, "--count", str(count),
-             "--first", str(first), "--members", str(members), "--variant", variant, "--rounds", str(rounds)],
+             "--first", str(first), "--variant", variant, "--rounds", str(rounds)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True))
 
     def _read(self) -> None:

@@ -120,8 +120,8 @@ def _floor_line(result: dict[str, Any]) -> str:
     return (f". The same number of bare store clients, laid out alike with no ftcoord logic (chaos.scale_floor): "
             f"{said('least')} to hear an interrupt, be counted and hear a decision; {said('critical_path')} with "
             f"ftcoord's critical-path requests; {said('ftcoord_requests')} with every request ftcoord makes of a "
-            f"participant per advance; {said('every_request')} with the process group's rendezvous key too (gloo's, "
-            f"8 bytes per peer), from "
+            f"participant per advance; {said('every_request')} with the process group's rendezvous key too (gloo's), "
+            f"from "
             + ("one greenlet each" if result.get("run_as") == "events" else "one thread each"))
 
 

@@ -4,7 +4,7 @@ Every simulated participant has what a rank's process has: its own StoreLink (it
 watchdog), its heartbeat, leader duty, interrupt monitor and helper watch threads, and a trainer thread that
 joins generations, "trains" (pings progress every `--step-s`, no model, no collectives) and rejoins when
 its generation is interrupted. After each join it does the store side of a real member's rendezvous: it
-counts itself arrived and writes its process-group address key (gloo's layout and size: 8 bytes per peer),
+counts itself arrived and writes its process-group address key (gloo's layout and size, GLOO_KEY_BYTES),
 so the store holds what a real job's would.
 
 Talks to the driver (chaos.bench_scale) in JSON lines: events on stdout; commands on stdin ("counts",
@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -32,6 +33,11 @@ from ftcoord.log import configure
 from ftcoord.participant import Participant
 from ftcoord.store_link import StoreLink
 from ftcoord.store_main import raise_open_files
+
+GLOO_KEY_BYTES = 152 + len(socket.gethostname())
+"""A member's gloo rendezvous key with the options ftcoord sets (ftcoord.call.GLOO_RENDEZVOUS_OPTIONS): its host's
+name and address (two lengths, the name, a sockaddr_storage and a sequence number): 154 bytes on this machine,
+whatever the world size. What the simulation leaves out: gloo's reads of every peer's key (multi_gets of 128)."""
 
 _OUT: queue.SimpleQueue[dict[str, object] | None] = queue.SimpleQueue()
 
@@ -81,7 +87,7 @@ class SimulatedRank:
             try:
                 if int(store.add(keys.arrived(record.generation), 1)) >= record.world_size:
                     store.set(keys.all_arrived(record.generation), "1")
-                store.set(keys.gloo_rendezvous(record.generation, rank or 0), b"\0" * 8 * record.world_size)
+                store.set(keys.gloo_rendezvous(record.generation, rank or 0), b"\0" * GLOO_KEY_BYTES)
             except Exception as exc:  # noqa: BLE001 - reported, the driver decides
                 emit("left", slot=p.slot, reason=f"rendezvous: {exc}"[:300])
                 return

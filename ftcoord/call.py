@@ -40,6 +40,15 @@ class GenerationInterrupted(FtcoordError):
 
 _CUT_POLL_S = 0.05  # how often the watch of a process group's creation looks whether the creation ended
 
+GLOO_RENDEZVOUS_OPTIONS = {"GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER": "1", "GLOO_ENABLE_STORE_V2_API": "1"}
+"""gloo's own options for its full mesh's rendezvous, which each generation's group goes through again (issue 17).
+Without them each member writes its address and a sequence number per peer (154 + 8·W bytes here: W members) and
+reads every peer's key, one round trip each: W² round trips and ~8·W³ bytes through the store per generation (at
+1,024 members, a million round trips and 8.7 GB). With the rank as the sequence number a key is its host's name and
+address (154 bytes here, whatever W); with the store's extended API the reads are multi_gets of 128 keys: W²/128
+round trips and ~154·W² bytes (8,192 and 161 MB at 1,024). Set where the user has not set them, before ftcoord forms
+a gloo group; every member sets them alike (gloo reads them at each group's creation)."""
+
 # Messages of collectives that failed because a peer went away (gloo, NCCL).
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout",
                          "Timed out waiting", "NCCL communicator was aborted", "Broken pipe")
@@ -202,6 +211,9 @@ class CallWrapper:
         if self._backend == "nccl":
             device_id = torch.device("cuda", int(os.environ.get(LOCAL_RANK_ENV, "0")))
             torch.cuda.set_device(device_id)
+        else:
+            for name, value in GLOO_RENDEZVOUS_OPTIONS.items():
+                os.environ.setdefault(name, value)
         pausepoints.reached(pausepoints.BEFORE_RENDEZVOUS)
         self._meet_members()
         pausepoints.reached(pausepoints.IN_RENDEZVOUS)

@@ -149,6 +149,7 @@ def process_group(generation: int) -> str:
 
 def gloo_rendezvous(generation: int, rank: int) -> str:
     """The key gloo's full-mesh rendezvous writes for `rank` under process_group(generation): the default group
-    ("0"), its CPU device, its first context (torch 2.14; read off the wire). 8 bytes per peer, so a generation
-    of W members leaves ~8 W^2 bytes: forgotten with the generation (decisions.forget)."""
+    ("0"), its CPU device, its first context (torch 2.14; read off the wire). Its host's name and address, ~150
+    bytes whatever the world size with the options ftcoord sets (call.GLOO_RENDEZVOUS_OPTIONS; 8 bytes more per
+    peer without them): forgotten with the generation (decisions.forget)."""
     return f"{process_group(generation)}/0//cpu//0/{rank}"

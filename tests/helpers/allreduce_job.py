@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(held, op=dist.ReduceOp.MAX)  # heal: continue from the furthest member
         state["step"] = int(held.item())
         emit("generation", generation=call.iteration, rank=call.rank, world_size=call.world_size,
-             members=list(call.members), start_step=state["step"], restarts=call.restarts)
+             members=list(call.members), start_step=state["step"], restarts=call.restarts,
+             rendezvous_key_bytes=len(call.store.get(keys.gloo_rendezvous(call.iteration, call.rank))))
         while state["step"] < args.steps:
             call.check()
             step = state["step"]

@@ -161,12 +161,12 @@ def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tm
     measured: Counter[str] = Counter()
     for role_op, n in threads.items():
         measured[role_op.split("/")[1]] += n
-    floor = _floor_requests_per_round("every_request", members=12)
+    floor = _floor_requests_per_round("every_request")
     for op in sorted(set(measured) | set(floor)):
         assert abs(measured.get(op, 0.0) - floor.get(op, 0)) <= 0.25, (op, dict(measured), dict(floor))
 
 
-def _floor_requests_per_round(variant: str, members: int) -> Counter[str]:
+def _floor_requests_per_round(variant: str) -> Counter[str]:
     """One bare participant's requests in one round of the floor (chaos.scale_floor), counted as StoreLink counts
     a participant's (TCPStore's get is two), against a real store whose keys let the round run straight through."""
     from chaos import scale_floor
@@ -188,7 +188,7 @@ def _floor_requests_per_round(variant: str, members: int) -> Counter[str]:
         for name in ("interrupt", "record", "probe"):
             store.set(f"floor/{variant}/0/{name}", "x")
         counting = Counting(store)
-        scale_floor._client_rounds(counting, variant, 1, [0.0], 0, members)
+        scale_floor._client_rounds(counting, variant, 1, [0.0], 0)
         return counting.requests
     finally:
         server.stop()

@@ -87,6 +87,21 @@ def test_stopped_process_without_launcher_does_not_corrupt_the_job(
     assert woken[-1]["generation"] > 1, "the woken process should have rejoined a later generation"
 
 
+def test_a_members_gloo_rendezvous_key_is_the_same_size_whatever_the_world_size(
+    forker: Forker, store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """gloo's rendezvous with ftcoord's options (ftcoord.call.GLOO_RENDEZVOUS_OPTIONS): a member's key is its host's
+    name and address, not 8 bytes more per peer, so a generation of W members reads ~W² bytes, not ~8·W³ (issue 17).
+    One member crashes: the generation of three and the one of two write keys of the same size."""
+    pids = start_ranks(forker, store_server.address, job_id, tmp_path, 3, "--steps", "20", "--exit-at", "2:5")
+    wait_exit(forker, pids, 60)
+    run = AllreduceRun(tmp_path)
+    sizes = {(e["world_size"], e["rendezvous_key_bytes"]) for e in run.events("generation")}
+    assert {w for w, _ in sizes} == {3, 2}, sizes
+    assert len({b for _, b in sizes}) == 1 and next(iter(sizes))[1] < 400, sizes
+    run.assert_correct(20)
+
+
 def test_iteration_is_equal_on_all_ranks_and_strictly_increasing(
     forker: Forker, store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:

@@ -90,7 +90,7 @@ def test_a_member_announces_itself_in_one_request_as_it_rejoins(store_server: St
 
 def _generation(store: object, generation: int, world: int) -> None:
     """What a generation of `world` members leaves in the store: its record, join list, arrivals,
-    addresses, evidence, interrupt, probe, finish count, and gloo's rendezvous keys (8 bytes per peer each)."""
+    addresses, evidence, interrupt, probe, finish count, and gloo's rendezvous keys (keys.gloo_rendezvous)."""
     record = GenerationRecord(generation=generation, members=tuple(range(world)), incarnations=(1,) * world,
                               leader=0, leader_term=1, target_world_size=world)
     store.compare_set(keys.record(generation), "", record.to_json())
@@ -98,7 +98,7 @@ def _generation(store: object, generation: int, world: int) -> None:
         store.append(keys.joiners(generation), f'{{"slot": {slot}}}\n')
         store.add(keys.arrived(generation), 1)
         store.append(keys.addresses(generation), f"{slot} 127.0.0.1:{40000 + slot}\n")
-        store.set(keys.gloo_rendezvous(generation, slot), b"\0" * 8 * world)
+        store.set(keys.gloo_rendezvous(generation, slot), b"\0" * 154)
     for key in (keys.all_arrived, keys.interrupt, keys.probe, keys.evidence, keys.finished):
         store.set(key(generation), "1")
 
