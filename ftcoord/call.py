@@ -43,11 +43,12 @@ _CUT_POLL_S = 0.05  # how often the watch of a process group's creation looks wh
 GLOO_RENDEZVOUS_OPTIONS = {"GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER": "1", "GLOO_ENABLE_STORE_V2_API": "1"}
 """gloo's own options for its full mesh's rendezvous, which each generation's group goes through again (issue 17).
 Without them each member writes its address and a sequence number per peer (154 + 8·W bytes here: W members) and
-reads every peer's key, one round trip each: W² round trips and ~8·W³ bytes through the store per generation (at
-1,024 members, a million round trips and 8.7 GB). With the rank as the sequence number a key is its host's name and
-address (154 bytes here, whatever W); with the store's extended API the reads are multi_gets of 128 keys: W²/128
-round trips and ~154·W² bytes (8,192 and 161 MB at 1,024). Set where the user has not set them, before ftcoord forms
-a gloo group; every member sets them alike (gloo reads them at each group's creation)."""
+reads every peer's key one at a time (a wait, then the read): W² reads and ~8·W³ bytes through the store per
+generation (at 1,024 members, a million reads and 8.7 GB). With the rank as the sequence number a key is its host's
+name and address (154 bytes here, whatever W); with the store's extended API the reads are multi_gets of 128 keys:
+W²/128 of them and ~154·W² bytes (8,192 and 161 MB at 1,024; at 16 members, rank 0's sends to the store during the
+rendezvous went from 56 to 10). Set where the user has not set them, before ftcoord forms a gloo group; every member
+sets them alike (gloo reads them at each group's creation)."""
 
 # Messages of collectives that failed because a peer went away (gloo, NCCL).
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout",
