@@ -639,18 +639,21 @@ def _floor_beyond(n: int, memory: WorkerMemory, repetitions: int, measured: list
     record as big per member as the largest size measured before it had (records grow more slowly than that)."""
     sized = [r for r in measured if "record_bytes" in r]
     if not sized:
-        why = "no smaller size was measured before it, to size its record by: put one first in --sizes"
-        return {"floor_s": {variant: {"not_measured": why} for variant in scale_floor.VARIANTS}}
+        return _no_floor("no smaller size was measured before it, to size its record by: put one first in --sizes")
     largest = max(sized, key=lambda r: r["participants"])
     record_bytes = math.ceil(largest["record_bytes"] * n / largest["participants"])
     try:
         count = layout(n, memory, Machine.now())
     except DoesNotFit as exc:
-        return {"floor_s": {variant: {"not_measured": f"bare clients do not fit either: {exc}"}
-                            for variant in scale_floor.VARIANTS}}
+        return _no_floor(f"bare clients do not fit either: {exc}")
     print(f"N={n}: the floor alone, {count} bare clients per process, a record of ~{record_bytes} bytes", flush=True)
     return {"run_as": participants, "record_bytes_estimated": record_bytes,
             "floor_s": _floor(n, count, repetitions, record_bytes, participants)}
+
+
+def _no_floor(why: str) -> dict[str, Any]:
+    """A size's floor not measured, every variant saying why (chaos.scale_report shows the reason once)."""
+    return {"floor_s": {variant: {"not_measured": why} for variant in scale_floor.VARIANTS}}
 
 
 def _machine() -> dict[str, Any]:
