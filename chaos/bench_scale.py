@@ -17,7 +17,7 @@ few processes on this machine, so the network is loopback and every participant'
 - `false_positives`: live participants left out of any generation (a wrong death);
 - `ops_per_participant_s`: store requests per participant per second at steady state (all threads of all
   participants, the leader included; a timed-out wait counts twice), by thread role;
-- `leader_cpu_per_advance_s`: the leader duty thread's CPU over the advances, per advance;
+- `leader_cpu_per_advance_s`: the leader duty's CPU over the advances (its thread's and its forgetter's), per advance;
 - `requests_per_advance`: what an advance costs each participant beyond the steady state, by thread/op, and
   `cores_busy_during_advance`: the store's share of its one core and the participants' of this machine's
   cores meanwhile (which of them set the pace);
@@ -234,7 +234,7 @@ class Swarm:
         return found
 
     def counts(self) -> tuple[Counter[str], float | None]:
-        """Store requests by role/op over all workers, and the leader thread's CPU seconds."""
+        """Store requests by role/op over all workers, and the leader duty's CPU seconds (scale_worker.leader_cpu)."""
         live = [w for w in self.workers if w.process.poll() is None]
         for worker in live:
             assert worker.process.stdin is not None

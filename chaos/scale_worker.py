@@ -108,6 +108,12 @@ def thread_cpu(thread: threading.Thread) -> float:
         return 0.0
 
 
+def leader_cpu(p: Participant) -> float:
+    """CPU seconds of a participant's leader duty: its thread's and its forgetter's (ftcoord.forgetting)."""
+    forgetting = p.forgetter.thread
+    return thread_cpu(p.leader.thread) + (thread_cpu(forgetting) if forgetting is not None else 0.0)
+
+
 class CollectorPauses:
     """Full collections (the collector's generation 2) that held this process's interpreter lock: when and how long;
     each is told to the driver (a straggling advance that met one measured the machine, not the protocol)."""
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             leaders = [r for r in ranks if r.p.leader.is_leader]
             emit("counts", t=time.monotonic(), requests={f"{role}/{op}": n for (role, op), n in total.items()},
                  leader_slot=leaders[0].p.slot if leaders else None,
-                 leader_cpu_s=thread_cpu(leaders[0].p.leader.thread) if leaders else None)
+                 leader_cpu_s=leader_cpu(leaders[0].p) if leaders else None)
         elif command.startswith("stacks "):
             named = {int(s) for s in command.split()[1:]}
             emit("stacks", t=time.monotonic(), threads=stacks(named),

@@ -64,7 +64,7 @@ from ftcoord.decisions import (
 )
 from ftcoord.deputies import Cadence
 from ftcoord.election import Election
-from ftcoord.forgetting import ForgetSchedule
+from ftcoord.forgetting import ForgetSchedule, Forgetter
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.monitor import stop_asked
@@ -93,9 +93,11 @@ class LeaderDuty:
         policy: QuorumPolicy,
         progress_timeout: float | None = None,
         tell_watch: Callable[[], None] = lambda: None,
+        forgetter: Forgetter | None = None,
     ) -> None:
         """`tell_watch()`: called once this thread failed, and when it reads a newer incarnation of its own slot
-        (ftcoord.watchdog ends the process)."""
+        (ftcoord.watchdog ends the process). `forgetter`: deletes old generations' keys while this one leads, so
+        that its rounds do not wait for them (ftcoord.forgetting; None: this thread deletes them)."""
         self._store = store
         self._tell_watch = tell_watch
         self._slot = slot
@@ -110,7 +112,7 @@ class LeaderDuty:
         self._records: dict[int, GenerationRecord | None] = {}  # the last records read (immutable once written)
         self._interrupted: int | None = None  # a generation this leader saw interrupted
         self._quiet: int | None = None  # the generation its last wait found running
-        self._forgetting = ForgetSchedule(timing.heartbeat_timeout)
+        self._forgetting = ForgetSchedule(timing.heartbeat_timeout, forgetter)
         self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.generation)
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep

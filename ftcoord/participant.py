@@ -11,6 +11,7 @@ from ftcoord import env, jobs, keys, rebuild
 from ftcoord.address import StoreAddress
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
+from ftcoord.forgetting import Forgetter
 from ftcoord.generation import GenerationClient
 from ftcoord.heartbeat import Heartbeat
 from ftcoord.leader import LeaderDuty
@@ -111,8 +112,10 @@ class Participant:
                                         slice_s=2 * self.timing.heartbeat_timeout, on_beat=self.heartbeat.beat_now,
                                         tell_watch=self.watch.nudge)
         self.heartbeat.start()
+        self.forgetter = Forgetter(self._clone, f"ftcoord-forget-{self.slot}", self._log)  # a thread once it leads
         self.leader = LeaderDuty(self._clone(), self.slot, self.incarnation, self.timing,
-                                 self.policy, self.progress_timeout, tell_watch=self.watch.nudge)
+                                 self.policy, self.progress_timeout, tell_watch=self.watch.nudge,
+                                 forgetter=self.forgetter)
         self.leader.start()
         self.monitor.start()
         self.watch.start()
@@ -206,6 +209,7 @@ class Participant:
         # A store that is away right now is not waited for (up to store_timeout) just to say goodbye.
         reachable = self.link is None or not (self.link.down or self.link.lost or self.link.stale)
         self.leader.stop(release=reachable)
+        self.forgetter.stop(wait_s=2.0 if reachable else 0.0)  # what it was handed, deleted if the store answers
         self.heartbeat.stop()
         if leaving and reachable:
             try:
