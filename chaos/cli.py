@@ -152,12 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     camp.add_argument("--quiet", action="store_true", help="no progress lines")
     bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency, checkpoint stall, healing")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
-    bench.add_argument("--only", choices=["heal", "status", "store_restart"], default=None,
+    bench.add_argument("--only", choices=["heal", "status", "store_restart", "forget"], default=None,
                        help="one measurement only: heal (~100M parameters + Adam healed to 1 and 2 fresh members, "
                             "old pickled path vs call.heal vs a raw broadcast; ~12 GiB of memory, minutes); status "
                             "(step time with and without `ftcoord status --watch` reading the job); store_restart "
                             "(steps trained while a SIGKILLed store is away, the stall a restart causes, the "
-                            "survivors' stall for a rank killed meanwhile, from the store's return; minutes)")
+                            "survivors' stall for a rank killed meanwhile, from the store's return; minutes); forget "
+                            "(the leader's round while an old generation of 1,024 and 4,096 members is forgotten, "
+                            "deleting it itself vs handing it to its forgetter; ~1 minute)")
     bench.add_argument("--scale", action="store_true",
                        help="the coordination protocol among many simulated participants (real store, real "
                             "Participant threads, no training): advance latency, re-form after a kill, silent-kill "
@@ -242,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                 from chaos.bench_store import run_store_bench
 
                 return run_store_bench(args.out, 3 if args.quick else 5)
+            if args.only == "forget":
+                from chaos.bench_forget import run_forget_bench
+
+                return run_forget_bench(args.out, args.quick)
             from chaos.bench import run_bench
 
             return run_bench(args.out, quick=args.quick)

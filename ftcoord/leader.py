@@ -30,8 +30,8 @@ claim and counters (and its own incarnation, for ftcoord.watchdog) on the schedu
 (ftcoord.election). The judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store
 wait on its interrupt (woken at once; while it reads every slot, it looks at the interrupt between the read's
 requests); an open one's polls the announcements (no key per joiner) and decides as soon as everyone it waits for
-has announced itself; old generations are forgotten once the members of the newest have met at its rendezvous
-(ftcoord.forgetting).
+has announced itself; old generations are forgotten once the members of the newest have met at its rendezvous,
+by a thread of the leader's process, so its round does not wait out their deletes (ftcoord.forgetting).
 Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
 
 Across a store restart (ftcoord.store_link, ftcoord.rebuild): a round's record is written only into the

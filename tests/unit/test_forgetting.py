@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from chaos.bench_forget import bench_forget
 from ftcoord import StoreServer, keys
 from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule, Forgetter
 from ftcoord.log import get_logger
@@ -133,3 +134,11 @@ def test_a_forgetter_that_cannot_open_its_client_leaves_the_deletes_to_the_leade
         forgetter.stop(wait_s=0.0)
         link.close()
         server.close()
+
+
+def test_the_forget_bench_counts_the_leaders_requests_apart_from_its_forgetters(store_server: StoreServer) -> None:
+    """`chaos bench --only forget`, small: deleting itself, the leader's round sends every delete (a key per member
+    and the change's own); handing it over, the one look that says the newest generation is quiet."""
+    rows = bench_forget(store_server.address, [16], reps=2)
+    assert rows[0]["itself"]["leader_requests"] >= 16 + 6, rows
+    assert rows[0]["handed"]["leader_requests"] == 1, rows
