@@ -72,6 +72,8 @@ def _round(link: StoreLink, store: LinkedStore, generation: int, world: int,
 
 
 def bench_forget(address: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    """One row per size: the leader's round, its requests and when the keys were gone, deleting itself and handing
+    over (`reps` of each, alternated), in the store at `address`."""
     rows = []
     for world in sizes:
         link = StoreLink(address, f"bench-forget-{world}")
