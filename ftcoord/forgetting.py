@@ -140,19 +140,21 @@ class Forgetter:
         except Exception as exc:  # noqa: BLE001 - the leader deletes them itself from now on
             self._end(exc)
             return
-        while (generation := self._due.get()) is not None:
-            try:
-                forget(self._client, generation)
-            except StoreLost as exc:
-                self._end(exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - keys left behind, not a fault of the job's
-                if self._stopping.is_set():
-                    return  # cut by stop
-                self._log.warning("generation_not_forgotten", generation=generation, error=str(exc)[:200])
-            if self._stopping.is_set() and self._due.empty():
-                break
-        self._close_client()
+        try:
+            while (generation := self._due.get()) is not None:
+                try:
+                    forget(self._client, generation)
+                except StoreLost as exc:
+                    self._end(exc)
+                    return
+                except Exception as exc:  # noqa: BLE001 - keys left behind, not a fault of the job's
+                    if self._stopping.is_set():
+                        return  # cut by stop
+                    self._log.warning("generation_not_forgotten", generation=generation, error=str(exc)[:200])
+                if self._stopping.is_set() and self._due.empty():
+                    return  # stopped while BACKLOG waited: no end mark reached the queue
+        finally:
+            self._close_client()  # however it ends: its connection is the store's descriptor
 
     def _close_client(self) -> None:
         close = getattr(self._client, "close", None)  # a LinkedStore's cuts a call in flight, from any thread
