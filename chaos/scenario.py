@@ -259,10 +259,13 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     A second fault drawn for the rank and step of an earlier one is left out: the first ends that rank's step, which
     its peers commit, so the step is not run again and an in-rank second never fires (mixed schedule H: a
     raise-midstep and a kill-midstep at step 34 of rank 2), and one sent from outside finds that rank's process
-    dead or changed. The draws are the same either way."""
+    dead or changed. So is a fault sent from outside at step s to the rank of an in-rank fault at step s - 1, in
+    either order drawn: it is sent once any rank committed step s - 1, and the rank it aims at may still be in that
+    step, before its own fault's point (seed 33004, six ranks: a hang at step 55 stopped rank 1 after step 54's
+    reduction and before its raise-midstep at step 54, which never fired). The draws are the same either way."""
     rng = random.Random(seed)
     faults, step, ranks = [], 0.0, ranks_kept(job)
-    aimed: set[tuple[int, int]] = set()  # (rank, step) of the faults aimed at a rank so far
+    aimed: dict[tuple[int, int], bool] = {}  # (rank, step) of the faults aimed at a rank so far -> fired in-rank
     while True:
         step += rng.expovariate(1.0 / mtbf_steps)
         if step >= job.steps - margin:
@@ -273,9 +276,11 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
         target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
         if kind in RANK_KINDS:
-            if (target, int(step)) in aimed:
+            at, in_rank = (target, int(step)), kind in IN_RANK_KINDS
+            if at in aimed or (aimed.get((target, at[1] - 1)) is True and not in_rank) or (
+                    aimed.get((target, at[1] + 1)) is False and in_rank):
                 continue
-            aimed.add((target, int(step)))
+            aimed[at] = in_rank
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
 
