@@ -84,6 +84,7 @@ from chaos.scale_report import markdown, plot, targets_missed
 from ftcoord import keys
 from ftcoord.config import Timing
 from ftcoord.decisions import count_announcements, read_announcements
+from ftcoord.errors import ConfigError
 from ftcoord.heartbeat import mark_dead
 from ftcoord.server import StoreProcess
 from ftcoord.store import get_if_present
@@ -110,7 +111,7 @@ class Swarm:
     """The worker processes of one size, and what they say."""
 
     def __init__(self, address: str, job: str, n: int, log: TextIO, step_s: float, per_process: int,
-                 participants: str = "threads") -> None:
+                 participants: str = "threads", timing: Timing | None = None) -> None:
         self.n = n
         self.joined: dict[int, dict[int, float]] = defaultdict(dict)  # generation -> slot -> when
         self.worlds: dict[int, int] = {}
@@ -123,7 +124,10 @@ class Swarm:
         self.started = 0
         self.workers: list[Worker] = []
         self.killed: set[int] = set()  # slots this driver SIGKILLed
-        arguments = ["--store", address, "--job", job, "--target", str(n), "--step-s", str(step_s)]
+        timing = timing or Timing()
+        arguments = ["--store", address, "--job", job, "--target", str(n), "--step-s", str(step_s),
+                     "--heartbeat-interval", str(timing.heartbeat_interval),
+                     "--heartbeat-timeout", str(timing.heartbeat_timeout)]
         command = [sys.executable, "-m", "chaos.scale_worker", *arguments]
         bulk_command = [sys.executable, "-m", PARTICIPANTS[participants], *arguments]
         # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
@@ -301,16 +305,18 @@ def between_advances(rng: random.Random, timing: Timing) -> float:
 
 
 def run_size(n: int, *, repetitions: int, generations: int, window_s: float, step_s: float, per_process: int,
-             log: TextIO, say: Any, participants: str = "threads") -> dict[str, Any]:
-    """Every measure for one size (see the module docstring)."""
-    timing = Timing()
+             log: TextIO, say: Any, participants: str = "threads", timing: Timing | None = None) -> dict[str, Any]:
+    """Every measure for one size (see the module docstring), every participant on `timing` (default: the library's)."""
+    timing = timing or Timing()
     server = StoreProcess.start(HOST, 0, own_session=True)
     pid = server.process.pid
     job = f"scale-{n}"
     link = StoreLink(server.address, job, connect_timeout=30)
     store = link.connect()
-    result: dict[str, Any] = {"participants": n, "run_as": participants}
-    swarm = Swarm(server.address, job, n, log, step_s, per_process, participants)
+    result: dict[str, Any] = {"participants": n, "run_as": participants,
+                              "timing": {"heartbeat_interval": timing.heartbeat_interval,
+                                         "heartbeat_timeout": timing.heartbeat_timeout}}
+    swarm = Swarm(server.address, job, n, log, step_s, per_process, participants, timing)
     try:
         everyone = set(range(n))
         started = time.monotonic()
@@ -576,8 +582,9 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generations: int | None = None,
-                    participants: str = "threads") -> int:
-    """Every size in `sizes`, then scale.json, scale.md and scale.png in `out`; exit 1 when a target is missed."""
+                    participants: str = "threads", timing: Timing | None = None) -> int:
+    """Every size in `sizes`, then scale.json, scale.md and scale.png in `out`; exit 1 when a target is missed.
+    `timing`: every participant's (scale_timing)."""
     out.mkdir(parents=True, exist_ok=True)
     repetitions = 3 if quick else 10
     if generations is None:
@@ -593,7 +600,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
                 # The store's memory over many generations is measured at the smallest size (fast advances).
                 results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,
                                         window_s=12.0, step_s=2.0, per_process=count, log=log,
-                                        participants=participants,
+                                        participants=participants, timing=timing,
                                         say=lambda text: print(text, flush=True)))
             except DoesNotFit as exc:
                 print(f"N={n}: not measured: {exc}", flush=True)
@@ -614,6 +621,20 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
     plot(results, out / "scale.png")
     print((out / "scale.md").read_text())
     return 1 if misses else 0
+
+
+def scale_timing(heartbeat_interval: float | None) -> Timing:
+    """The simulated participants' timing: the default a user gets, or a heartbeat every `heartbeat_interval` seconds
+    with the default's timeout of ten intervals (a job of thousands of ranks may beat less often: its store serves
+    2 / heartbeat_interval requests a second per rank for heartbeats alone, and on this machine its simulated
+    participants' share of the cores is that much more). ConfigError for an interval Timing refuses."""
+    if heartbeat_interval is None:
+        return Timing()
+    most = Timing.barrier_timeout / 10
+    if heartbeat_interval >= most:
+        raise ConfigError(f"heartbeat_interval={heartbeat_interval}s must be below {most}s: its timeout, ten "
+                          f"intervals, must stay below barrier_timeout={Timing.barrier_timeout}s")
+    return Timing(heartbeat_interval=heartbeat_interval, heartbeat_timeout=10 * heartbeat_interval)
 
 
 def _floor(n: int, per_process: int, repetitions: int, record_bytes: int, participants: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from chaos.campaign import parse_seeds
 from chaos.errors import ReferenceUnusable
 from chaos.scenario import ScenarioError, bundled_names, load, scenario_of
 from ftcoord import arguments
+from ftcoord.errors import ConfigError
 
 
 def _print_report(report: dict[str, Any], run_dir: Path) -> None:
@@ -177,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
                             "threads greenlets of one event loop per process, its store clients pure Python: on a "
                             "machine of few cores it measures more of the store and the leader, less of the kernel "
                             "switching thousands of threads; needs gevent: pip install gevent)")
+    bench.add_argument("--heartbeat-interval", type=float, default=None, metavar="S",
+                       help="with --scale: every simulated participant beats every S seconds, its heartbeat timeout "
+                            "ten of them (default: the library's, 0.5 s and 5 s). A job of thousands of ranks may "
+                            "beat less often; on a machine of few cores the participants' steady state at the "
+                            "default keeps more cores busy than the simulation may take at 4096 (the report says "
+                            "which timing ran)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args(argv)
 
@@ -221,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if check.passed else 1
         if args.command == "bench":
             if args.scale:
-                from chaos.bench_scale import DEFAULT_SIZES, run_scale_bench
+                from chaos.bench_scale import DEFAULT_SIZES, run_scale_bench, scale_timing
 
                 default = [64, 256] if args.quick else list(DEFAULT_SIZES)
                 if args.generations is not None and args.generations < 0:
@@ -230,8 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                     parser.error("--participants events runs the simulated participants on gevent's event loop, and "
                                  "gevent is not installed here: pip install gevent (or the [scale] extra: pip install "
                                  "-e '.[scale]'), or leave --participants at threads")
+                try:
+                    timing = scale_timing(args.heartbeat_interval)
+                except ConfigError as exc:
+                    parser.error(f"--heartbeat-interval {args.heartbeat_interval}: {exc}")
                 return run_scale_bench(args.out, args.sizes or default, quick=args.quick, generations=args.generations,
-                                       participants=args.participants)
+                                       participants=args.participants, timing=timing)
+            if args.heartbeat_interval is not None:
+                parser.error("--heartbeat-interval is the simulated participants' timing: give it with --scale")
             if args.only == "heal":
                 from chaos.bench_heal import run_heal_bench
 

@@ -15,12 +15,12 @@ from ftcoord.config import Timing
 def targets_missed(results: list[dict[str, Any]]) -> list[str]:
     """Issue 17's targets, each a sentence when missed (a measure that could not be made is a miss too)."""
     missed = []
-    timing = Timing()
     for r in results:
         n = r["participants"]
         if "not_measured" in r:
             missed.append(f"N={n}: not measured: {r['not_measured']}{_floor_said(r)}")
             continue
+        timing = timing_of(r)
         limit = 0.25 if n <= 1024 else 1.0
         if r["advance_s"]["median"] > limit:
             missed.append(f"N={n}: advance {r['advance_s']['median']} s > {limit} s{_floor_said(r)}")
@@ -38,6 +38,21 @@ def targets_missed(results: list[dict[str, Any]]) -> list[str]:
             missed.append(f"N={n}: the store grew by {memory['keys_growth']} keys from generation "
                           f"{memory['from_advances']} to {memory['samples'][-1]['advances']}")
     return missed
+
+
+def timing_of(result: dict[str, Any]) -> Timing:
+    """The timing a size ran on (the library's default, for a result written before the bench recorded it)."""
+    return Timing(**result["timing"]) if "timing" in result else Timing()
+
+
+def _timing_line(results: list[dict[str, Any]]) -> str:
+    """Which heartbeat timing the participants ran on, and whether it is the library's default."""
+    default = Timing()
+    ran = sorted({(t.heartbeat_interval, t.heartbeat_timeout) for t in map(timing_of, results)})
+    said = [f"a heartbeat every {i} s, timeout {t} s" + (" (the library's default)" if
+            (i, t) == (default.heartbeat_interval, default.heartbeat_timeout) else
+            f" (not the default: {default.heartbeat_interval} s and {default.heartbeat_timeout} s)") for i, t in ran]
+    return "Timing: " + "; ".join(said or ["the library's default"]) + "\n\n"
 
 
 def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
@@ -77,6 +92,7 @@ def markdown(results: list[dict[str, Any]], misses: list[str]) -> str:
             "events": "events (the bulk's participants on one event loop per process: chaos.scale_worker_events)"}
     return ("# ftcoord at scale (simulated participants; `chaos bench --scale`)\n\n"
             + "Participants run as: " + "; ".join(said.get(name, name) for name in run_as) + "\n\n"
+            + _timing_line(results)
             + head + "\n".join(lines)
             + "\n\nWhere an advance's time goes (medians):\n" + "\n".join(phases + floor_alone)
             + "\n\nSlow changes (stragglers, and changes nobody asked for):\n"

@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, required=True, help="how many consecutive slots")
     parser.add_argument("--target", type=int, required=True, help="the job's target world size")
     parser.add_argument("--step-s", type=float, default=0.05, help="seconds per simulated step")
+    parser.add_argument("--heartbeat-interval", type=float, default=Timing.heartbeat_interval)
+    parser.add_argument("--heartbeat-timeout", type=float, default=Timing.heartbeat_timeout)
     args = parser.parse_args(argv)
     configure(level=os.environ.get("FTCOORD_SCALE_LOG", "error"))
     writer = threading.Thread(target=_write_events, name="sim-events", daemon=True)
@@ -168,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files()  # four store connections per simulated participant
     ranks: list[SimulatedRank] = []
     policy = QuorumPolicy(target_world_size=args.target, min_world_size=1)
+    timing = Timing(heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout)
     started = time.monotonic()
     for slot in range(args.first, args.first + args.count):
-        participant = Participant(args.store, args.job, slot, policy, Timing(),
+        participant = Participant(args.store, args.job, slot, policy, timing,
                                   on_helper_failure=lambda reason, s=slot: emit("helper_failed", slot=s,
                                                                                 reason=reason[:300]))
         participant.start()

@@ -73,6 +73,44 @@ def test_the_scale_bench_refuses_bad_sizes_with_a_clear_error() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_the_participants_beat_on_the_timing_the_bench_was_given(tmp_path: Path) -> None:
+    """`--heartbeat-interval` reaches every simulated participant: at one beat a second, half the default's rate (a
+    job of thousands of ranks may beat less often; the report says which timing ran). A bench that measured its
+    figures on the default timing while it said another would claim what it never ran."""
+    from chaos.bench_scale import Swarm, scale_timing
+    from ftcoord.server import StoreProcess
+
+    timing = scale_timing(1.0)
+    assert (timing.heartbeat_interval, timing.heartbeat_timeout) == (1.0, 10.0)
+    server = StoreProcess.start("127.0.0.1", 0)
+    with (tmp_path / "workers.log").open("w") as log:
+        swarm = Swarm(server.address, "slow-beats", 6, log, step_s=2.0, per_process=4, timing=timing)
+        try:
+            swarm.wait_for(lambda: swarm.everyone_in(0, set(range(6))) is not None, 120, "6 participants formed")
+            before, _ = swarm.counts()
+            started = time.monotonic()
+            time.sleep(4.0)  # a window of four beats
+            after, _ = swarm.counts()
+            rate = (after["heartbeat/add"] - before["heartbeat/add"]) / 6 / (time.monotonic() - started)
+            assert 0.6 <= rate <= 1.4, f"{rate:.2f} heartbeats per participant per s, at one beat a second"
+        finally:
+            swarm.close()
+            server.stop()
+
+
+def test_the_scale_bench_refuses_a_heartbeat_interval_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from chaos import cli
+
+    for argv, said in ((["--scale", "--heartbeat-interval", "0"], "heartbeat_interval=0.0 must be a positive"),
+                       (["--scale", "--heartbeat-interval", "12"], "must be below 12.0s: its timeout, ten intervals"),
+                       (["--heartbeat-interval", "2"], "give it with --scale")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["bench", *argv, "--sizes", "64", "--out", "/nonexistent/never"])
+        assert exit_.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, (argv, err)
+
+
 def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path: Path) -> None:
     """A worker process that exits (here: SIGKILLed behind the driver's back) takes dozens of participants with it:
     the driver says which and stops waiting, instead of waiting out its deadline (minutes at large sizes)."""
