@@ -77,7 +77,8 @@ def test_the_participants_beat_on_the_timing_the_bench_was_given(tmp_path: Path)
     """`--heartbeat-interval` reaches every simulated participant: at one beat a second, half the default's rate (a
     job of thousands of ranks may beat less often; the report says which timing ran). A bench that measured its
     figures on the default timing while it said another would claim what it never ran."""
-    from chaos.bench_scale import Swarm, scale_timing
+    from chaos.bench_scale import scale_timing
+    from chaos.scale_swarm import Swarm
     from ftcoord.server import StoreProcess
 
     timing = scale_timing(1.0)
@@ -114,7 +115,7 @@ def test_the_scale_bench_refuses_a_heartbeat_interval_it_cannot_run(capsys: pyte
 def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path: Path) -> None:
     """A worker process that exits (here: SIGKILLed behind the driver's back) takes dozens of participants with it:
     the driver says which and stops waiting, instead of waiting out its deadline (minutes at large sizes)."""
-    from chaos.bench_scale import Swarm
+    from chaos.scale_swarm import Swarm
     from ftcoord.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0)
@@ -149,7 +150,7 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
     unscheduled for seconds at an advance (its clients' calls went unanswered for op_timeout, whole workers
     reconnected, advances took 20-40 s). A straggling participant's threads are shown where they wait, with what
     its interrupt watch holds (what the bench records for an advance slower than STRAGGLING_S)."""
-    from chaos.bench_scale import Swarm
+    from chaos.scale_swarm import Swarm
     from ftcoord.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0, own_session=True)
