@@ -252,6 +252,31 @@ class Judge:
                                   still_s=round(self.observer.silent_for(f"outside/{fact.slot}"), 3))
                 self._fence(fact.slot, fact.incarnation, "stuck_outside", term)
 
+    def fence_stuck_members_of_ended(self, ended: GenerationRecord, facts: dict[int, SlotFacts], read_at: float,
+                                     next_generation: int, term: int) -> None:
+        """A member of `ended` (a generation that ended for another cause: a newcomer asked in, a raise) stuck in it:
+        alive, not waiting on its peers, its progress still for progress_timeout (hung_members, its stillness measured
+        on from while the generation ran), and not announced for the next one. No interrupt reaches it, and its peers
+        blocked in a collective with it cannot leave to rejoin: nothing judged it (random schedule seed 33008, four
+        ranks: a stuck rank's two peers stood still while a replacement from outside, whose arrival had ended the
+        generation, formed a generation of one from a checkpoint 14 steps back and trained it to the job's end).
+        Fenced as the culprit, and declared to the ended generation's members (keys.released), so a peer blocked with
+        it cuts its collective at once (ftcoord.release) rather than when its launcher's kill closes its connections."""
+        if self._progress_timeout is None or math.isinf(self._progress_timeout) or ended.failed is not None:
+            return
+        members = [(m, i, facts[m]) for m, i in zip(ended.members, ended.incarnations, strict=True)
+                   if m in facts and self.alive(facts[m], i)]
+        hung = self.hung_members(ended.generation, members, read_at)
+        if not hung:
+            return
+        announced = {join.slot for join in read_announcements(self._store, next_generation)[0]}
+        for member, incarnation, _ in members:
+            if member in hung and member not in announced and self._fence(member, incarnation, HUNG, term):
+                self._log.warning("member_stuck_after_its_generation_ended", generation=ended.generation,
+                                  slot=member, incarnation=incarnation,
+                                  still_s=round(self.observer.silent_for(f"progress/{member}"), 3))
+                self._release_peers(ended.generation, f"{HUNG}:slot={member}")
+
     def hung_members(self, generation: int, members: list[tuple[int, int, SlotFacts]], read_at: float) -> set[int]:
         """Members alive but making no progress for progress_timeout: the culprits only.
 

@@ -283,6 +283,8 @@ class LeaderDuty:
         generation = next_generation(self._store, current)
         if running is not None:
             self._judge.fence_stuck_outsiders(running, facts, read_at, generation, self._term)
+        elif record is not None and self._interrupted == current:
+            self._judge.fence_stuck_members_of_ended(record, facts, read_at, generation, self._term)
         if current == 0 or running is None:
             return self._open_next(generation, facts, read_at, record, current)
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so

@@ -9,8 +9,10 @@ Recovery at the speed of evidence, not of timeouts:
   a hot spare on the same node as members gone so (their node is lost) must beat after the leader's question to be
   seated (Judge.outsiders_in_doubt); silence for heartbeat_timeout is the last resort;
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
-  (one generation change, the world size kept, however slow a cold start); a process that is alive
-  but slow to join, up to join_timeout after the last arrival; then a partial quorum. Once: a process left out so
+  (one generation change, the world size kept, however slow a cold start), and so is a live member of the running
+  generation while no joiner holds its state (`_state_left_behind`: the joiners alone would start from a
+  checkpoint); a process that is alive but slow to join, up to join_timeout after the last arrival; then a partial
+  quorum. Once: a process left out so
   (alive, the same incarnation) is not waited for again until it announces itself (`still_left_out`), or every
   later generation change waited join_timeout for it (a training thread stuck while its generation ended for
   another cause never comes back; random schedule seed 777: four changes in a row, 3 s each, until the job ended).
@@ -96,7 +98,7 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
     # node) is waited for up to barrier_timeout.
     missing = expected - joined_slots
-    if missing and missing <= on_its_way:
+    if missing and (missing <= on_its_way or _state_left_behind(live, missing, facts, previous, running)):
         last_call = now - clock.first_seen >= timing.barrier_timeout
     else:
         last_call = now - clock.last_change >= timing.join_timeout
@@ -104,6 +106,22 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
                      expecting=announced + max(1, len(missing)), missing=frozenset(missing),
                      gone=frozenset(s for s in gone if s in facts and judge.alive(facts[s])),  # none joined
                      not_live=frozenset(not_live))
+
+
+def _state_left_behind(live: list[JoinRequest], missing: set[int], facts: dict[int, SlotFacts],
+                       previous: GenerationRecord | None, running: bool) -> bool:
+    """No joiner holds the running state (none is a member of `previous`, in the same incarnation), and a member
+    that does is alive and missing: slow, or blocked in a collective behind a stuck peer until the leader fences that
+    one (Judge.fence_stuck_members_of_ended). A last call would decide the joiners alone, from a checkpoint, while
+    the state they would continue stands in live processes (random schedule seed 33008: a replacement from outside
+    trained alone from 14 steps back to the job's end, three live ranks left out). Such a member is awaited as a
+    replacement on its way is, up to barrier_timeout; once one member joins, the state goes on with it and the
+    others are awaited join_timeout, as before."""
+    if not running or previous is None or previous.failed is not None:
+        return False
+    if any(previous.rank_of(j.slot, j.incarnation) is not None for j in live):
+        return False
+    return any(s in facts and previous.rank_of(s, facts[s].incarnation) is not None for s in missing)
 
 
 def left_out_by(record: GenerationRecord | None) -> dict[int, int]:

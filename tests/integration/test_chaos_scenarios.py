@@ -246,6 +246,28 @@ def test_a_member_replaced_while_its_peers_wait_on_a_stuck_rank_releases_them(tm
     assert all(f["full_recover_s"] is not None for f in report["faults"]), report["faults"]
 
 
+@pytest.mark.slow  # waits out a 10 s progress_timeout (45 s); the judgement and the wait are unit-tested by default
+def test_newcomers_asking_in_while_the_members_wait_on_a_stuck_rank_wait_for_the_members(tmp_path: Path) -> None:
+    """A node lost (the job trains on at world 2), then rank 0's training thread stops, and the node is replaced: its
+    two newcomers ask in while rank 1 stands in its all-reduce with the stuck rank. Their arrival ends the generation,
+    for a cause that cuts no collective. Nothing judged a member stuck in a generation that ended, and a last call
+    decided the newcomers alone, from the checkpoint (10 steps replayed), and they trained at world 2 to the job's end
+    while both members stood still (random schedule seed 33008: a generation of one, 14 steps back). Now the stuck
+    rank is fenced at progress_timeout and declared to its generation, rank 1 cuts its collective and rejoins, and the
+    newcomers wait for it meanwhile: the state goes on, nothing replayed, the full world after it."""
+    scenario = tmp_path / "stuck-newcomers.toml"
+    scenario.write_text(
+        'name = "stuck-newcomers"\ndescription = "a node lost, a rank stuck, the node replaced"\n[job]\nnproc = 4\n'
+        'nodes = [[0, 1], [2, 3]]\nsteps = 120\nglobal_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\n'
+        'ckpt_strategy = "blocking"\nckpt_every = 20\nprogress_timeout = 10.0\n'
+        '[[faults]]\nkind = "lose"\nslot = 2\nstep = 15\n'
+        '[[faults]]\nkind = "stuck"\nrank = 0\nstep = 30\n'
+        '[[faults]]\nkind = "replace"\nslot = 2\nstep = 30\nafter = 0.3\n')
+    report = run(str(scenario), tmp_path)
+    assert report["replayed_steps"] == 0 and report["world_sizes"] == [2, 4], report
+    assert all(f["full_recover_s"] is not None for f in report["faults"]), report["faults"]
+
+
 def test_a_node_lost_with_the_hot_spare_on_it_costs_no_heartbeat_timeout(tmp_path: Path) -> None:
     """The node that runs the job's hot spare is lost (its launcher, two ranks and the spare SIGKILLed). The lost
     ranks are gone by their peers' closed connections; the spare's announcement stood and its heartbeat was not

@@ -161,3 +161,32 @@ def test_the_leader_remembers_one_fence_per_slot(store_server: StoreServer, job_
         judgement.fence_stuck_outsiders(running(4, [0, 1]), facts, t0 + incarnation * 10 + PROGRESS_TIMEOUT + 0.1, 5,
                                         term=1)
     assert list(judgement.fenced) == [(2, 5)]
+
+
+def test_a_member_stuck_in_a_generation_that_ended_for_another_cause_is_fenced_and_declared(
+        store_server: StoreServer, job_id: str) -> None:
+    """Generation 4 (members 0-3) ends for another cause (a replacement from outside asks in) while slot 0 stands still
+    at a step boundary and slots 1 and 2 wait for it in a collective: deaf to the interrupt, they cannot rejoin, and no
+    interrupt judgement looks at an ended generation (random schedule seed 33008: a generation of one, from a
+    checkpoint 14 steps back, trained to the job's end while three live ranks stood still). Slot 0 is fenced as the
+    culprit once still for the progress timeout, measured from while the generation ran, and declared to generation
+    4's members (keys.released: a peer blocked with it cuts its collective, ftcoord.release); slot 3, as still but
+    announced for generation 5, is not (it rejoined: waiting for the record), nor are the waiters."""
+    store = job_store(connect(store_server.address), job_id)
+    judgement = judge(store_server, job_id)
+    ended = running(4, [0, 1, 2, 3])
+    members = [member(0, 40, 17, waiting=False), member(1, 41, 18, waiting=True), member(2, 39, 18, waiting=True),
+               member(3, 12, 18, waiting=False)]
+    facts = {slot: fact for slot, _, fact in members}
+    t0 = time.monotonic()
+    assert judgement.hung_members(4, members, t0) == set()  # the leader's round while generation 4 ran
+    store.append(keys.joiners(5), JoinRequest(5, 3, 1, 18).to_json() + "\n")
+    assert get_or_none(store, keys.joiners(5)) is not None  # on the same connection: the append was taken
+    judgement.fence_stuck_members_of_ended(ended, facts, t0 + PROGRESS_TIMEOUT / 2, 5, term=1)
+    assert not judgement.fenced, "fenced before the progress timeout"
+    judgement.fence_stuck_members_of_ended(ended, facts, t0 + PROGRESS_TIMEOUT + 0.1, 5, term=1)
+    assert set(judgement.fenced) == {(0, 1)}, judgement.fenced
+    assert get_or_none(store, keys.fence(0)) == b"1:1"
+    assert get_or_none(store, keys.released(4)) == b"hung:slot=0"
+    judgement.fence_stuck_members_of_ended(ended, facts, t0 + PROGRESS_TIMEOUT + 0.2, 5, term=1)  # once
+    assert set(judgement.fenced) == {(0, 1)}

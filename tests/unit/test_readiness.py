@@ -236,3 +236,33 @@ def test_a_hot_spare_on_a_lost_node_is_not_seated_until_it_proves_alive(store_se
     judge.observe(facts, read_at=clock.now)
     taken_over = ready((2, 3, spare), facts)
     assert taken_over.decide and taken_over.not_live == {spare}, taken_over
+
+
+def test_joiners_that_hold_no_state_wait_for_a_live_member_that_does(store_server: StoreServer, job_id: str) -> None:
+    """Generation 3's members (0-2) are alive and have not rejoined (blocked in a collective behind a stuck peer, until
+    the leader fences it: Judge.fence_stuck_members_of_ended); a replacement from outside (slot 5) announced itself.
+    A last call at join_timeout decided it alone, from a checkpoint, and it trained there to the job's end while the
+    members held the state it restarted (random schedule seed 33008). It waits as for a replacement on its way, up
+    to barrier_timeout; once a member joins (the state goes on with it) the others get join_timeout, as before, and
+    a new incarnation of a member's slot holds no state."""
+    timing, clock = Timing(), Clock()
+    judge = Judge(job_store(connect(store_server.address), job_id), timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    previous = GenerationRecord(generation=3, members=(0, 1, 2), incarnations=(2, 2, 2), leader=0, leader_term=1,
+                                target_world_size=4)
+    facts = {**{s: _facts(s, beat=10) for s in (0, 1, 2)}, 5: replace(_facts(5, beat=3), incarnation=1)}
+    judge.observe(facts, read_at=clock.now)
+    at = clock.now
+
+    def ready(live: list[JoinRequest], now: float, facts: dict[int, SlotFacts] = facts) -> Readiness:
+        clock = OpenClock(at, at, joiners_seen=len(live))  # they announced at `at`, nobody since
+        return readiness(live, len(live), facts, clock, now, judge, previous, True, QuorumPolicy(4), timing)
+
+    outsider = [JoinRequest(4, 5, 1, -1)]
+    assert not ready(outsider, at + timing.join_timeout + 0.1).decide, "decided the joiners alone, the state left"
+    assert ready(outsider, at + timing.barrier_timeout).decide
+    a_member = [*outsider, JoinRequest(4, 1, 2, 30)]
+    partial = ready(a_member, at + timing.join_timeout + 0.1)
+    assert partial.decide and partial.missing == {0, 2}, "with a member, the others get join_timeout, as before"
+    new_incarnation = {**facts, 1: replace(facts[1], incarnation=3)}
+    assert not ready([*outsider, JoinRequest(4, 1, 3, -1)], at + timing.join_timeout + 0.1, new_incarnation).decide
