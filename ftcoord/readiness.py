@@ -12,10 +12,10 @@ Recovery at the speed of evidence, not of timeouts:
   (one generation change, the world size kept, however slow a cold start), and so is a live member of the running
   generation while no joiner holds its state (`_state_left_behind`: the joiners alone would start from a
   checkpoint); a process that is alive but slow to join, up to join_timeout after the last arrival; then a partial
-  quorum. Once: a process left out so
-  (alive, the same incarnation) is not waited for again until it announces itself (`still_left_out`), or every
-  later generation change waited join_timeout for it (a training thread stuck while its generation ended for
-  another cause never comes back; random schedule seed 777: four changes in a row, 3 s each, until the job ended).
+  quorum. Once: a process left out so (alive, the same incarnation) is not waited for again until it announces
+  itself (`still_left_out`), or every later generation change waited join_timeout for it (a training thread stuck
+  while its generation ended for another cause never comes back; random schedule seed 777: four changes in a row,
+  3 s each, until the job ended).
 
 The rule reads nothing from the store: the leader (ftcoord.leader) brings what it observed this round and
 the generation's announcements, and keeps one OpenClock per open generation across its rounds.
@@ -116,7 +116,10 @@ def _state_left_behind(live: list[JoinRequest], missing: set[int], facts: dict[i
     the state they would continue stands in live processes (random schedule seed 33008: a replacement from outside
     trained alone from 14 steps back to the job's end, three live ranks left out). Such a member is awaited as a
     replacement on its way is, up to barrier_timeout; once one member joins, the state goes on with it and the
-    others are awaited join_timeout, as before."""
+    others are awaited join_timeout, as before. The price: a sole holder that is stuck (not blocked) holds the
+    decision until it is fenced at progress_timeout, where the joiners used to train on alone from the checkpoint
+    after join_timeout (a member that comes back later with the newer state of an abandoned timeline would be the
+    heal's source: ftcoord.quorum, the highest step)."""
     if not running or previous is None or previous.failed is not None:
         return False
     if any(previous.rank_of(j.slot, j.incarnation) is not None for j in live):
