@@ -96,7 +96,7 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     everyone = expected <= joined_slots and (running or workers >= policy.target_world_size) and not doubted
     # Last call: join_timeout after the last arrival for processes that are alive but slow to
     # join; a replacement whose launcher keeps saying it is on its way (a cold start on a busy
-    # node) is waited for up to barrier_timeout.
+    # node), or a live member holding the state no joiner holds, is waited for up to barrier_timeout.
     missing = expected - joined_slots
     if missing and (missing <= on_its_way or _state_left_behind(live, missing, facts, previous, running)):
         last_call = now - clock.first_seen >= timing.barrier_timeout
