@@ -382,7 +382,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
         for n in sizes:
             # A measure that could not be made (the size does not fit; its run failed) is said, and is a miss.
             try:
-                count = per_process(n, memory, Machine.now(), cores, measured_at)
+                count = per_process(n, memory, Machine.now(), cores, measured_at, participants)
                 print(f"N={n}: starting {n} simulated participants, {count} per worker process", flush=True)
                 # The store's memory over many generations is measured at the smallest size (fast advances).
                 results.append(run_size(n, repetitions=repetitions, generations=generations if n == min(sizes) else 0,

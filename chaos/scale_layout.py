@@ -11,14 +11,15 @@ The leader gets a process of its own, so does each of the two kill victims; the 
   link's watchdog, the trainer), out of the kernel's pid_max and threads-max for the whole machine;
 - **CPU**: each simulated participant keeps ~0.25 ms of CPU a second busy at steady state (its threads waking
   for ~3 store requests a second). A size whose participants would take more than 40% of the machine's cores at
-  steady state alone is not run: its heartbeats would be late, and every figure would measure the machine.
+  steady state alone (60% as events: CPU_SHARE) is not run: its heartbeats would be late, and every figure would
+  measure the machine.
   (4,096 were tried on 2 cores: ~24,000 threads, a load average of 1,500, 2,600 threads runnable at once, store
   connections timing out at 10 s, workers aborting; they never formed. Tried again once a participant's steady
   state cost half as much, at 58-75% of the cores by this estimate, and started a few workers at a time so that
   none aborted: the store, one thread among ~11,000, starved once ~1,600 had started, and no generation was
   decided within barrier_timeout. A third time once it cost less again (0.24 ms a second, the helper watch told
   rather than polling): 49% by this estimate, all workers at once; connections timed out at 10 s and a worker
-  aborted during start-up. 1,024, at 12-19%, runs.)
+  aborted during start-up. 1,024, at 12-19%, runs. As events, 4,096 at 52% ran: CPU_SHARE.)
 - **the store's descriptors**: four connections per participant (the trainer's, the heartbeat's, the leader
   duty's, the interrupt watch's), out of the store's open-file limit (the hard limit: ftcoord-store raises
   its soft limit to it). A real rank has a fifth, for its process groups (ftcoord.wrapper); a simulated one
@@ -49,9 +50,13 @@ HEADROOM = 0.9  # of the memory available: the page cache, the kernel's own shar
 PARTICIPANT_CORES = 0.00025
 """The CPU a simulated participant keeps busy at steady state, in cores, until a run measured it (0.24-0.25 ms per
 second at 1,024 here: its threads waking for ~3 store requests a second)."""
-CPU_SHARE = 0.4
-"""Of this machine's cores, what the simulated participants may keep busy at steady state: below the least that
-failed (49%, above), well above the most that ran (1,024 participants: 12-19%)."""
+CPU_SHARE = {"threads": 0.4, "events": 0.6}
+"""Of this machine's cores, what the simulated participants may keep busy at steady state, by how they run. Threads:
+below the least that failed (49%, above), well above the most that ran (1,024 participants: 12-19%). Events
+(chaos.scale_worker_events): a few dozen processes, not thousands of threads, so the store is never one thread
+among ~11,000 the kernel shares the cores between; 4,096 at a heartbeat every 2 s, 52% by this estimate (36%
+measured once they ran), formed in 18 s, every advance decided, a silent kill detected within its target and no
+false positive (2026-11-28)."""
 
 
 class DoesNotFit(Exception):
@@ -103,20 +108,21 @@ class Machine:
 
 
 def per_process(n: int, memory: WorkerMemory, machine: Machine,
-                participant_cores: float = PARTICIPANT_CORES, measured_at: int | None = None) -> int:
+                participant_cores: float = PARTICIPANT_CORES, measured_at: int | None = None,
+                participants: str = "threads") -> int:
     """The participants per bulk process for `n` (the fewest that fit), or DoesNotFit.
 
     `participant_cores`: what one simulated participant keeps busy at steady state (measured at `measured_at`
-    participants, when a smaller size ran first)."""
-    busy = n * participant_cores
-    if busy > CPU_SHARE * machine.cores:
+    participants, when a smaller size ran first); `participants`: how they run (CPU_SHARE)."""
+    busy, share = n * participant_cores, CPU_SHARE[participants]
+    if busy > share * machine.cores:
         source = f"measured at {measured_at}" if measured_at else "this machine's usual"
         raise DoesNotFit(
             f"{n} participants would keep ~{busy:.1f} of this machine's {machine.cores} cores busy at steady state "
             f"alone ({participant_cores * 1000:.2f} ms of CPU per participant per second, {source}), more than the "
-            f"{CPU_SHARE:.0%} they may take (the store, the leader and the advances need the rest; past it, heartbeats "
-            f"are late and every figure measures the machine, not the protocol): run this size on a machine with more "
-            f"cores, or leave it out of --sizes")
+            f"{share:.0%} they may take as {participants} (the store, the leader and the advances need the rest; past "
+            f"it, heartbeats are late and every figure measures the machine, not the protocol): run this size on a "
+            f"machine with more cores, or leave it out of --sizes")
     return layout(n, memory, machine)
 
 

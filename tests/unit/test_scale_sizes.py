@@ -54,6 +54,18 @@ def test_a_size_whose_participants_would_take_the_machines_cores_at_steady_state
         per_process(4096, MEASURED, machine(cores=2))
 
 
+def test_participants_run_as_events_may_take_more_of_the_cores_than_threads() -> None:
+    # 4,096 as events at a heartbeat every 2 s: 0.261 of a core for 1,024 at steady state, 52% of 2 cores at that
+    # rate; they formed and advanced. As threads, 49% never formed.
+    cost = 0.261 / 1024
+    assert per_process(4096, MEASURED, machine(cores=2), cost, measured_at=1024, participants="events") == 128
+    with pytest.raises(DoesNotFit, match=r"more than the 40% they may take as threads"):
+        per_process(4096, MEASURED, machine(cores=2), cost, measured_at=1024, participants="threads")
+    # the default timing's steady state (0.47 ms a second each): ~1.9 of 2 cores, refused either way
+    with pytest.raises(DoesNotFit, match=r"~1.9 of .* 2 cores .* more than the 60% they may take as events"):
+        per_process(4096, MEASURED, machine(cores=2), 0.00047, measured_at=1024, participants="events")
+
+
 def test_shared_library_pages_are_counted_once_not_per_process() -> None:
     need = MEASURED.need_mb(4096, 64)
     assert need < 67 * (294 + 374)  # what a sum of the workers' RSS would say
