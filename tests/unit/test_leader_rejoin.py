@@ -79,6 +79,44 @@ def pause_leader_while_it_runs(leader: Participant, generation: int) -> pausepoi
     return gate
 
 
+def meter_slot_reads(leader: Participant) -> tuple[threading.Event, threading.Event, threading.Semaphore]:
+    """Once `metered` is set, each of the leader's requests that reads slots (of three) costs a token per slot it
+    reads, and sets `reading`."""
+    duty_store = leader.leader._store
+    multi_get, metered, reading = duty_store.multi_get, threading.Event(), threading.Event()
+    tokens = threading.Semaphore(0)
+    slot_keys = {keys.heartbeat(slot) for slot in range(3)}
+
+    def metered_multi_get(names: list[str], *args: object, **kwargs: object) -> object:
+        if metered.is_set() and slot_keys.intersection(names):
+            reading.set()
+            for _ in range(len(slot_keys.intersection(names))):
+                assert tokens.acquire(timeout=10), "no token"
+        return multi_get(names, *args, **kwargs)
+
+    duty_store.multi_get = metered_multi_get
+    return metered, reading, tokens
+
+
+def rejoin_on_one_token(leader: Participant, others: list[Participant], metered: threading.Event,
+                        tokens: threading.Semaphore, generation: int) -> None:
+    """Interrupt the running generation and let its three members announce themselves for `generation`, the leader
+    given one token (meter_slot_reads) meanwhile: it must decide without reading every slot."""
+    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    others[0].interrupt("test")
+    threads = rejoin(leader, *others)
+    wait_until(lambda: count_announcements(leader.store, generation) == 3, 5, "every member to announce itself")
+    tokens.release(1)
+    decided = before_record.wait_reached(5)
+    metered.clear()
+    tokens.release(10)
+    assert decided, "the leader went on reading every slot after the interrupt"
+    before_record.release()
+    for t in threads:
+        t.join(5)
+    assert [p.generation for p in (leader, *others)] == [generation] * 3
+
+
 def rejoin(*members: Participant) -> list[threading.Thread]:
     wait_until(lambda: all(p.interrupted for p in members), 5, "every member to see the interrupt")
     threads = [threading.Thread(target=p.join, args=(0,), daemon=True) for p in members]
@@ -173,34 +211,10 @@ def test_the_leader_hears_an_interrupt_that_comes_during_its_read_of_every_slot(
     patient = Timing(heartbeat_interval=0.1, heartbeat_timeout=4.0, join_timeout=0.3, barrier_timeout=10.0)
     leader, others = form_three(started, store_server.address, job_id, patient)
     wait_until(lambda: leader.leader._quiet == 1, 5, "the leader to see generation 1 running")
-    duty_store = leader.leader._store
-    multi_get, metered, reading = duty_store.multi_get, threading.Event(), threading.Event()
-    tokens = threading.Semaphore(0)
-    slot_keys = {keys.heartbeat(slot) for slot in range(3)}
-
-    def metered_multi_get(names: list[str], *args: object, **kwargs: object) -> object:
-        if metered.is_set():
-            reading.set()
-            for _ in range(len(slot_keys.intersection(names))):
-                assert tokens.acquire(timeout=10), "no token"
-        return multi_get(names, *args, **kwargs)
-
-    duty_store.multi_get = metered_multi_get
+    metered, reading, tokens = meter_slot_reads(leader)
     metered.set()
     assert reading.wait(5), "the leader never read every slot"
-    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
-    others[0].interrupt("test")
-    threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 2) == 3, 5, "every member to announce itself")
-    tokens.release(1)
-    decided = before_record.wait_reached(5)
-    metered.clear()
-    tokens.release(10)
-    assert decided, "the leader went on reading every slot after the interrupt"
-    before_record.release()
-    for t in threads:
-        t.join(5)
-    assert [p.generation for p in (leader, *others)] == [2, 2, 2]
+    rejoin_on_one_token(leader, others, metered, tokens, 2)
 
 
 def test_the_leader_hears_an_interrupt_that_comes_during_its_first_read_after_a_decision(
@@ -219,38 +233,14 @@ def test_the_leader_hears_an_interrupt_that_comes_during_its_first_read_after_a_
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
     assert before_record.wait_reached(5), "the leader never came to decide generation 2"
-    duty_store = leader.leader._store
-    multi_get, metered, reading = duty_store.multi_get, threading.Event(), threading.Event()
-    tokens = threading.Semaphore(0)
-    slot_keys = {keys.heartbeat(slot) for slot in range(3)}
-
-    def metered_multi_get(names: list[str], *args: object, **kwargs: object) -> object:
-        if metered.is_set() and slot_keys.intersection(names):
-            reading.set()
-            for _ in range(len(slot_keys.intersection(names))):
-                assert tokens.acquire(timeout=10), "no token"
-        return multi_get(names, *args, **kwargs)
-
-    duty_store.multi_get = metered_multi_get
+    metered, reading, tokens = meter_slot_reads(leader)
     metered.set()
     before_record.release()
     for t in threads:
         t.join(5)
     assert [p.generation for p in (leader, *others)] == [2, 2, 2]
     assert reading.wait(5), "the leader never read every slot after its decision"
-    before_next = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
-    others[0].interrupt("test")
-    threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 3) == 3, 5, "every member to announce itself")
-    tokens.release(1)
-    decided = before_next.wait_reached(5)
-    metered.clear()
-    tokens.release(10)
-    assert decided, "the leader went on reading every slot after the interrupt"
-    before_next.release()
-    for t in threads:
-        t.join(5)
-    assert [p.generation for p in (leader, *others)] == [3, 3, 3]
+    rejoin_on_one_token(leader, others, metered, tokens, 3)
 
 
 def test_a_rejoin_decided_on_older_reads_never_leaves_out_a_process_they_do_not_know(
