@@ -198,6 +198,48 @@ def test_the_leader_waits_out_a_pause_in_the_announcements_shorter_than_its_read
     assert [p.generation for p in (leader, *others)] == [2, 2, 2]
 
 
+def test_the_leader_polls_a_rejoin_past_a_tick_while_the_announcements_keep_coming(
+    store_server: StoreServer, job_id: str, started: list[Participant]
+) -> None:
+    """At 4,096 participants one poll of the announcements during the rush waited 0.3-0.4 s in the store's queue,
+    longer than a tick (0.25 s): the poll ended after that one, with a few dozen announced, and the leader read every
+    slot again (1.3-1.6 s there) before it decided, in three advances of ten (issue 17). Here each poll's answer
+    comes 0.3 s late, and the last member announces itself during the first: the leader polls again and decides on
+    that, without reading every slot."""
+    # A tick of 0.25 s; the round's reads may be acted on for 2.5 s (heartbeat_timeout / 2).
+    ticking = Timing(heartbeat_interval=0.5, heartbeat_timeout=5.0, join_timeout=0.3, barrier_timeout=10.0)
+    leader, others = form_three(started, store_server.address, job_id, ticking)
+    gate = pause_leader_while_it_runs(leader, 1)
+    reads = leader_multi_gets(leader)
+    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    late = others[1]
+    append, may_announce = late.store.append, threading.Event()
+    late.store.append = lambda *args: (may_announce.wait(10), append(*args))[1]
+    others[0].interrupt("test")
+    threads = rejoin(leader, *others)
+    wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
+    duty_store = leader.leader._store
+    compare_set, polls = duty_store.compare_set, []
+
+    def late_answer(key: str, *args: Any, **kwargs: Any) -> bytes:
+        answer = compare_set(key, *args, **kwargs)
+        if key == keys.joiners(2):
+            polls.append(answer.count(b"\n"))
+            may_announce.set()  # the last announcement comes while this poll's answer is on its way
+            time.sleep(0.3)
+        return answer
+
+    duty_store.compare_set = late_answer
+    gate.release()
+    assert before_record.wait_reached(5), "the leader never came to decide generation 2"
+    assert polls[0] == 2, f"the first poll saw {polls[0]} announcements, not two"
+    assert leader_multi_gets(leader) == reads, f"the leader read every slot again after polls that saw {polls}"
+    before_record.release()
+    for t in threads:
+        t.join(5)
+    assert [p.generation for p in (leader, *others)] == [2, 2, 2]
+
+
 def test_the_leader_hears_an_interrupt_that_comes_during_its_read_of_every_slot(
     monkeypatch: pytest.MonkeyPatch, store_server: StoreServer, job_id: str, started: list[Participant]
 ) -> None:
