@@ -125,6 +125,23 @@ def rejoin(*members: Participant) -> list[threading.Thread]:
     return threads
 
 
+def rejoin_but_one(leader: Participant, others: list[Participant]
+                   ) -> tuple[pausepoints.Gate, int, pausepoints.Gate, threading.Event, list[threading.Thread]]:
+    """The leader paused after a round's reads while generation 1 runs; then generation 1 is interrupted and two of
+    its three members announce themselves for generation 2, the third (others[1]) once `may_announce` is set.
+    Returns the leader's gate, its multi_gets so far, a gate before its record write, `may_announce` and the
+    rejoining threads."""
+    gate = pause_leader_while_it_runs(leader, 1)
+    reads = leader_multi_gets(leader)
+    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
+    append, may_announce = others[1].store.append, threading.Event()
+    others[1].store.append = lambda *args: (may_announce.wait(10), append(*args))[1]
+    others[0].interrupt("test")
+    threads = rejoin(leader, *others)
+    wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
+    return gate, reads, before_record, may_announce, threads
+
+
 def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
     store_server: StoreServer, job_id: str, started: list[Participant]
 ) -> None:
@@ -172,15 +189,7 @@ def test_the_leader_waits_out_a_pause_in_the_announcements_shorter_than_its_read
 
     duty_store.multi_get = slow_multi_get
     assert read_slowly.wait(5), "the leader never read every slot"
-    gate = pause_leader_while_it_runs(leader, 1)
-    reads = leader_multi_gets(leader)
-    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
-    late = others[1]
-    append, may_announce = late.store.append, threading.Event()
-    late.store.append = lambda *args: (may_announce.wait(10), append(*args))[1]
-    others[0].interrupt("test")
-    threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
+    gate, reads, before_record, may_announce, threads = rejoin_but_one(leader, others)
     asked = spy_on_compare_sets(duty_store)
 
     def polls() -> list[float]:
@@ -209,15 +218,7 @@ def test_the_leader_polls_a_rejoin_past_a_tick_while_the_announcements_keep_comi
     # A tick of 0.25 s; the round's reads may be acted on for 2.5 s (heartbeat_timeout / 2).
     ticking = Timing(heartbeat_interval=0.5, heartbeat_timeout=5.0, join_timeout=0.3, barrier_timeout=10.0)
     leader, others = form_three(started, store_server.address, job_id, ticking)
-    gate = pause_leader_while_it_runs(leader, 1)
-    reads = leader_multi_gets(leader)
-    before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
-    late = others[1]
-    append, may_announce = late.store.append, threading.Event()
-    late.store.append = lambda *args: (may_announce.wait(10), append(*args))[1]
-    others[0].interrupt("test")
-    threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
+    gate, reads, before_record, may_announce, threads = rejoin_but_one(leader, others)
     duty_store = leader.leader._store
     compare_set, polls = duty_store.compare_set, []
 
