@@ -368,14 +368,18 @@ class LeaderDuty:
         participants one poll during the rush waited 0.3-0.4 s in the store's queue, and a poll cut after a tick sent
         the leader to read every slot (1.3-1.6 s then) in three advances of ten (issue 17)."""
         now = time.monotonic()
-        within = self._timing.tick if read_at is None else read_at + self._timing.heartbeat_timeout / 2 - now
+        within = self._timing.tick if read_at is None else self._acts_until(read_at) - now
         until = now + min(self._judge.probe.wait_at_most(self._timing.probe_grace, within),
                           self._judge.until_fences_answered(now))
         return await_announcements(self._store, generation, expecting, until, self._stop, _JOIN_POLL_S, stall_s)
 
+    def _acts_until(self, read_at: float) -> float:
+        """Until when this round's reads (asked at `read_at`) may be acted on: half a heartbeat timeout."""
+        return read_at + self._timing.heartbeat_timeout / 2
+
     def _paused_since(self, read_at: float) -> bool:
         """This round's reads are too old to act on: the thread was paused (or the store stalled) since."""
-        return time.monotonic() - read_at > self._timing.heartbeat_timeout / 2
+        return time.monotonic() > self._acts_until(read_at)
 
     def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
                       previous: GenerationRecord | None, current: int, fresh: bool = True,
