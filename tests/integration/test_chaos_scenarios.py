@@ -302,7 +302,9 @@ def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Pat
 def test_two_at_once(tmp_path: Path) -> None:
     """Two replacements at once, both forked by the warm standby: one generation change, the world kept."""
     report = run("two-at-once", tmp_path)
-    assert report["world_sizes"] == [3] and report["generations"] == 2
+    # Said in full when it fails: once, with both cores busy, 3 generations were seen (not reproduced in 20 runs
+    # under the same load); which change was the extra one is in the incidents.
+    assert report["world_sizes"] == [3] and report["generations"] == 2, (report["incidents"], report["faults"])
     assert all(f["full_recover_s"] < 1.0 for f in report["faults"]), report["faults"]
 
 

@@ -7,6 +7,7 @@ back (tests/helpers/slow_store.py): slow, not silent.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -140,3 +141,35 @@ def test_a_slow_store_is_waited_for_not_cut_and_reconnected_to(job_id: str, cuts
         link.close()
         proxy.close()
         server.stop()
+
+
+def test_calls_watched_and_unwatched_from_many_threads_while_the_watch_reads_them() -> None:
+    """Watching takes no lock (every store call watches and unwatches): the watch's thread reads a copy of the watched
+    calls, so threads that watch and unwatch meanwhile never break its read, and a call unwatched is never cut."""
+    closed, said = threading.Event(), Said()
+    calls = CallWatch(60.0, closed, lambda before: {}, said)  # not started: this test reads it as its thread would
+    for _ in range(5000):
+        calls.watch(60.0, {}, {})
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the interpreter lock over as often as it can be, mid-read included
+    stop, tokens = threading.Event(), []
+
+    def churn() -> None:
+        while not stop.is_set():
+            token = calls.watch(60.0, {}, {})
+            tokens.append(token)
+            calls.unwatch(token)
+
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in range(50):
+            assert 0 < calls.until_due() <= 60.0
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        sys.setswitchinterval(switch)
+    assert len(tokens) == len(set(tokens)) > 0  # every call its own token
+    assert len(calls._watched) == 5000 and not set(tokens) & set(calls._watched)
