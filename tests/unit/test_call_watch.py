@@ -144,8 +144,9 @@ def test_a_slow_store_is_waited_for_not_cut_and_reconnected_to(job_id: str, cuts
 
 
 def test_calls_watched_and_unwatched_from_many_threads_while_the_watch_reads_them() -> None:
-    """Watching takes no lock (every store call watches and unwatches): the watch's thread reads a copy of the watched
-    calls, so threads that watch and unwatch meanwhile never break its read, and a call unwatched is never cut."""
+    """Watching takes no lock (every store call watches and unwatches): the watch's read of the calls it watches
+    (until_due here; its thread's cut reads them the same way, a copy) is never broken by threads that watch and
+    unwatch meanwhile, every call gets a token of its own, and a call unwatched is no longer watched."""
     closed, said = threading.Event(), Said()
     calls = CallWatch(60.0, closed, lambda before: {}, said)  # not started: this test reads it as its thread would
     for _ in range(5000):
