@@ -63,6 +63,7 @@ import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -147,34 +148,12 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         unasked: list[dict[str, Any]] = []  # generation changes nobody asked for (no fault: each a false positive)
         for _ in range(repetitions):
             store_cpu0, workers_cpu0 = process_cpu_s(pid), swarm.cpu_s()
-            newest = swarm.everyone_in(generation, everyone)
-            if newest is not None:  # advanced since, unasked (the previous advance's decision was interrupted)
-                unasked.append({"generation": generation, "to": newest, "reasons": _reasons(store, generation, newest)})
-                generation = newest
-            t0 = time.monotonic()
-            won = store.compare_set(keys.interrupt(generation), "", "bench:advance").decode()
-            if won != "bench:advance":
-                unasked.append({"generation": generation, "reasons": {generation: won}})
-            unannounced = lambda g=generation, t=t0: _note_unannounced(swarm, store, g, everyone, t, stragglers)  # noqa: E731
-            announced, decided = _watch_decision(store, generation + 1, n, 60 + n / 16, unannounced)
-            _await_advance(swarm, store, generation, everyone, t0, 60 + n / 16, stragglers)
-            newest = swarm.everyone_in(generation, everyone)
-            assert newest is not None
-            if newest > generation + 1:  # more than one change: what interrupted the ones between
-                unasked.append({"generation": generation, "to": newest, "reasons": _reasons(store, generation, newest)})
-            generation = newest
-            times = [t - t0 for t in swarm.joined[generation].values()]
-            if max(times) > 1.0:  # slow: which workers' participants were late, and what the collector did
-                by_worker: dict[int, float] = defaultdict(float)
-                for slot, t in swarm.joined[generation].items():
-                    worker = swarm.worker_of(slot)
-                    by_worker[worker] = max(by_worker[worker], round(t - t0, 3))
-                stragglers.append({"generation": generation, "phase": "slow", "took_s": round(max(times), 3),
-                                   "latest_by_worker": dict(sorted(by_worker.items())),
-                                   "collections": swarm.collections_since(t0)})
+            step = advance(swarm, store, generation, everyone, stragglers, unasked)
+            generation, t0 = step.generation, step.started
+            times = step.times
             advances.append(max(times))
             medians.append(statistics.median(times))
-            phases.append((announced - t0, decided - announced, max(times) - (decided - t0)))
+            phases.append((step.announced - t0, step.decided - step.announced, max(times) - (step.decided - t0)))
             # How busy the machine was meanwhile (the CPU read after the last participant held the record).
             took = time.monotonic() - t0
             busy.append((process_cpu_s(pid) - store_cpu0, swarm.cpu_s() - workers_cpu0, took))
@@ -250,6 +229,52 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         swarm.close()
         link.close()
         server.stop()
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """One advance (`advance`): the generation every participant holds after it, when it was asked (monotonic), when
+    every participant had announced itself and when the record was written, and each participant's time to hold it."""
+
+    generation: int
+    started: float
+    announced: float
+    decided: float
+    times: list[float]
+
+
+def advance(swarm: Swarm, store: Any, generation: int, everyone: set[int], stragglers: list[dict[str, Any]],
+            unasked: list[dict[str, Any]]) -> Advanced:
+    """Interrupt `generation`, with everyone present, and wait until every participant holds a later record. What was
+    not this advance's own is said in `unasked`, with the interrupts' reasons (each a false positive): a change
+    since the last look (the previous advance's decision was interrupted), an interrupt someone else won, more than
+    one change; a change still incomplete STRAGGLING_S after it began, or over 1 s, in `stragglers`."""
+    n = len(everyone)
+    newest = swarm.everyone_in(generation, everyone)
+    if newest is not None:  # advanced since, unasked
+        unasked.append({"generation": generation, "to": newest, "reasons": _reasons(store, generation, newest)})
+        generation = newest
+    t0 = time.monotonic()
+    won = store.compare_set(keys.interrupt(generation), "", "bench:advance").decode()
+    if won != "bench:advance":
+        unasked.append({"generation": generation, "reasons": {generation: won}})
+    unannounced = lambda: _note_unannounced(swarm, store, generation, everyone, t0, stragglers)  # noqa: E731
+    announced, decided = _watch_decision(store, generation + 1, n, 60 + n / 16, unannounced)
+    _await_advance(swarm, store, generation, everyone, t0, 60 + n / 16, stragglers)
+    newest = swarm.everyone_in(generation, everyone)
+    assert newest is not None
+    if newest > generation + 1:  # more than one change: what interrupted the ones between
+        unasked.append({"generation": generation, "to": newest, "reasons": _reasons(store, generation, newest)})
+    times = [t - t0 for t in swarm.joined[newest].values()]
+    if max(times) > 1.0:  # slow: which workers' participants were late, and what the collector did
+        by_worker: dict[int, float] = defaultdict(float)
+        for slot, t in swarm.joined[newest].items():
+            worker = swarm.worker_of(slot)
+            by_worker[worker] = max(by_worker[worker], round(t - t0, 3))
+        stragglers.append({"generation": newest, "phase": "slow", "took_s": round(max(times), 3),
+                           "latest_by_worker": dict(sorted(by_worker.items())),
+                           "collections": swarm.collections_since(t0)})
+    return Advanced(newest, t0, announced, decided, times)
 
 
 STRAGGLING_S = 3.0

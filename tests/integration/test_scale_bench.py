@@ -169,6 +169,42 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
             server.stop()
 
 
+def test_an_advance_is_timed_only_when_it_was_the_one_change_asked_for(tmp_path: Path) -> None:
+    """`chaos.bench_scale.advance` (the bench's advances, and scripts/scale-advances'): an interrupt someone else won
+    before the bench asked is said with its reason (a change nobody asked for: its time is not the bench's), and a
+    clean advance says nothing and moves everyone exactly one generation on."""
+    from chaos.bench_scale import advance
+    from chaos.scale_swarm import Swarm
+    from ftcoord import keys
+    from ftcoord.server import StoreProcess
+    from ftcoord.store_link import StoreLink
+
+    server = StoreProcess.start("127.0.0.1", 0, own_session=True)
+    link = StoreLink(server.address, "advance", connect_timeout=30)
+    store = link.connect()
+    everyone = set(range(4))
+    with (tmp_path / "workers.log").open("w") as log:
+        swarm = Swarm(server.address, "advance", 4, log, step_s=2.0, per_process=2)
+        try:
+            swarm.wait_for(lambda: swarm.everyone_in(0, everyone) is not None, 120, "4 participants formed")
+            generation = swarm.everyone_in(0, everyone)
+            assert generation is not None
+            stragglers: list[dict[str, object]] = []
+            unasked: list[dict[str, object]] = []
+            step = advance(swarm, store, generation, everyone, stragglers, unasked)
+            assert step.generation == generation + 1 and not unasked, unasked
+            assert len(step.times) == 4 and all(t > 0 for t in step.times), step
+            assert step.started <= step.announced <= step.decided, step
+            store.compare_set(keys.interrupt(step.generation), "", "test:not-the-bench")
+            again = advance(swarm, store, step.generation, everyone, stragglers, unasked)
+            assert again.generation > step.generation, again
+            assert unasked and unasked[0]["reasons"] == {step.generation: "test:not-the-bench"}, unasked
+        finally:
+            swarm.close()
+            link.close()
+            server.stop()
+
+
 @pytest.mark.slow  # both kinds of participant compared (40 s); the bench itself is in the default set
 def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tmp_path: Path) -> None:
     """`--participants events` runs the same ftcoord code on greenlets with chaos.wire_store's clients: its bulk
