@@ -11,7 +11,7 @@ from ftcoord import keys
 from ftcoord.decisions import newest_term
 from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
 from ftcoord.store import get_or_none, read_int
-from ftcoord.store_link import pinned_multi_get
+from ftcoord.store_link import bounded_multi_get
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
 ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
@@ -116,11 +116,13 @@ def read_facts(store: dist.Store, slots: list[int]) -> dict[int, SlotFacts]:
 
 def read_facts_and(store: dist.Store, slots: list[int], also: list[str],
                    pinned: int | None = None) -> tuple[list[bytes], dict[int, SlotFacts]]:
-    """The values of the keys `also` (each must exist) and every slot's facts, in one request; `pinned`: the store
+    """The values of the keys `also` (each must exist) and every slot's facts, each slot's in one request (its
+    snapshot), as few requests as MULTI_GET_BYTES allows (ftcoord.store_link.bounded_multi_get); `pinned`: the store
     instance the slots were read from (StoreRestarted rather than a wait for slots a restarted store lacks)."""
     if not slots and not also:
         return [], {}
-    values = pinned_multi_get(store, pinned, also + [key(slot) for slot in slots for key in FACT_KEYS])
+    values = bounded_multi_get(store, also + [key(slot) for slot in slots for key in FACT_KEYS], pinned,
+                               len(FACT_KEYS), len(also))
     extra, values = values[: len(also)], values[len(also):]
     width = len(FACT_KEYS)
     facts = {}

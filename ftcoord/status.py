@@ -25,6 +25,7 @@ from ftcoord.heartbeat import LivenessObserver
 from ftcoord.slot_report import Incident
 from ftcoord.slots import registered_slots
 from ftcoord.store import get_if_present, get_or_none
+from ftcoord.store_link import bounded_multi_get
 
 RECENT_GENERATIONS = 4  # the leader forgets older ones (ftcoord.leader)
 SHOWN_INCIDENTS = 10
@@ -126,7 +127,7 @@ class JobReader:
     def sample(self) -> None:
         slots = registered_slots(self.store)
         if slots:
-            beats = self.store.multi_get([keys.heartbeat(s) for s in slots])
+            beats = bounded_multi_get(self.store, [keys.heartbeat(s) for s in slots])
             for slot, beat in zip(slots, beats, strict=True):
                 self._observer.observe(keys.heartbeat(slot), beat)
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys, slot_reads
+from ftcoord import StoreServer, connect, job_store, keys, slot_reads, store_link
 from ftcoord.slot_reads import SlotReads
-from ftcoord.slots import read_facts_and, read_facts_unless, register
+from ftcoord.slots import FACT_KEYS, read_facts_and, read_facts_unless, register
+from ftcoord.store_link import bounded_multi_get
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,3 +75,41 @@ def test_a_read_stops_at_the_running_generations_interrupt_and_stands_on_the_las
     reads.forget()
     _, facts, _, fresh = reads.read(instance=1, running=7)
     assert fresh and facts[3].heartbeat == standing[3].heartbeat + 100, "nothing to stand on after forget()"
+
+
+def test_a_slots_facts_stay_in_one_request_when_a_read_is_cut_by_its_bytes(
+    monkeypatch: pytest.MonkeyPatch, store: Counted
+) -> None:
+    """Past MULTI_GET_BYTES of keys a read is cut into several requests (the store's CPU per request grows much faster
+    than its keys: ftcoord.store_link.MULTI_GET_BYTES), never inside a slot's keys (its facts are one snapshot), and
+    reads what one request reads."""
+    extra, facts = read_facts_and(store, SLOTS, [keys.LEADER])
+    assert store.sizes == [1 + 5 * 6]
+    widest = max(len(key(slot)) for slot in SLOTS for key in FACT_KEYS) + 64  # a plain client's prefix allowance
+    monkeypatch.setattr(store_link, "MULTI_GET_BYTES", 2 * 6 * widest + 5)  # two slots' keys, not three
+    store.sizes.clear()
+    assert read_facts_and(store, SLOTS, [keys.LEADER]) == (extra, facts)
+    assert store.sizes == [1 + 2 * 6, 2 * 6, 1 * 6], "two slots a request, the first with the extra key"
+
+
+def test_a_read_of_thousands_of_keys_is_cut_into_requests_the_store_serves_cheaply(
+    store_server: StoreServer, job_id: str
+) -> None:
+    """At the default bound, through a job's client (its prefix counted): 4,096 slots' heartbeats (a status read) in
+    requests of at most MULTI_GET_BYTES of keys on the wire, the values in order. In one request they cost the store
+    ~15x the CPU (the module's docstring), while every other client of the job waited."""
+    from ftcoord.store_link import StoreLink
+
+    link = StoreLink(store_server.address, job_id, connect_timeout=30)
+    client = link.connect()
+    try:
+        names = [keys.heartbeat(slot) for slot in range(4096)]
+        client.view().multi_set(names, [str(slot) for slot in range(4096)])
+        counted = Counted(client)
+        assert bounded_multi_get(counted, names) == [str(slot).encode() for slot in range(4096)]
+        on_the_wire = client.key_overhead + max(map(len, names))
+        assert on_the_wire == len(f"/ftcoord/{job_id}/{names[-1]}") + 8, "the prefix and the length are counted"
+        assert len(counted.sizes) > 1 and sum(counted.sizes) == 4096, counted.sizes
+        assert all(size * on_the_wire <= store_link.MULTI_GET_BYTES for size in counted.sizes), counted.sizes
+    finally:
+        link.close()
