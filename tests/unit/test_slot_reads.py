@@ -9,7 +9,7 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys, slot_reads, store_link
 from ftcoord.slot_reads import SlotReads
-from ftcoord.slots import FACT_KEYS, read_facts_and, read_facts_unless, register
+from ftcoord.slots import FACT_KEYS, FactsCache, read_facts_and, read_facts_unless, register
 from ftcoord.store_link import bounded_multi_get
 
 pytestmark = pytest.mark.timeout(30)
@@ -113,3 +113,27 @@ def test_a_read_of_thousands_of_keys_is_cut_into_requests_the_store_serves_cheap
         assert all(size * on_the_wire <= store_link.MULTI_GET_BYTES for size in counted.sizes), counted.sizes
     finally:
         link.close()
+
+
+def test_a_slot_read_as_it_was_is_not_parsed_again_and_each_of_its_keys_changed_is_seen(store: Counted) -> None:
+    reads = SlotReads(store)
+    _, first, _, _ = reads.read(instance=0, running=None)
+    _, again, _, _ = reads.read(instance=0, running=None)
+    assert all(again[slot] is first[slot] for slot in SLOTS), "values as they were: the facts parsed before"
+    for key, value in zip(FACT_KEYS, ("2", "99", "12/3:w", "1", "1", "3:4"), strict=True):
+        store.set(key(2), value)
+        before = again
+        _, again, _, _ = reads.read(instance=0, running=None)
+        assert again[2] == read_facts_and(store, [2], [])[1][2], f"{key(2)} set to {value}: the facts say so"
+        assert again[2] is not before[2]
+        assert all(again[slot] is before[slot] for slot in SLOTS if slot != 2)
+
+
+def test_a_slot_no_longer_registered_is_forgotten_by_the_cache(store: Counted) -> None:
+    cache = FactsCache()
+    _, facts = read_facts_and(store, SLOTS, [], cache=cache)
+    raw = tuple(store.multi_get([key(4) for key in FACT_KEYS]))
+    assert cache.facts(4, raw) is facts[4]
+    cache.keep([0, 1])
+    assert cache.facts(4, raw) is not facts[4], "a slot gone is not kept"
+    assert cache.facts(4, raw) == facts[4]
