@@ -127,9 +127,9 @@ class JobReader:
     def sample(self) -> None:
         slots = registered_slots(self.store)
         if slots:
-            beats = bounded_multi_get(self.store, [keys.heartbeat(s) for s in slots])
-            for slot, beat in zip(slots, beats, strict=True):
-                self._observer.observe(keys.heartbeat(slot), beat)
+            names = [keys.heartbeat(s) for s in slots]
+            for name, beat in zip(names, bounded_multi_get(self.store, names), strict=True):
+                self._observer.observe(name, beat)
 
     def read(self) -> JobView:
         if not self._timed:

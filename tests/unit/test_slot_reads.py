@@ -10,7 +10,7 @@ import pytest
 from ftcoord import StoreServer, connect, job_store, keys, slot_reads, store_link
 from ftcoord.slot_reads import SlotReads
 from ftcoord.slots import FACT_KEYS, FactsCache, read_facts_and, read_facts_unless, register
-from ftcoord.store_link import bounded_multi_get
+from ftcoord.store_link import StoreLink, bounded_multi_get
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -98,8 +98,6 @@ def test_a_read_of_thousands_of_keys_is_cut_into_requests_the_store_serves_cheap
     """At the default bound, through a job's client (its prefix counted): 4,096 slots' heartbeats (a status read) in
     requests of at most MULTI_GET_BYTES of keys on the wire, the values in order. In one request they cost the store
     ~15x the CPU (the module's docstring), while every other client of the job waited."""
-    from ftcoord.store_link import StoreLink
-
     link = StoreLink(store_server.address, job_id, connect_timeout=30)
     client = link.connect()
     try:
