@@ -35,7 +35,6 @@ import argparse
 import json
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from datetime import timedelta
 from typing import Any
 
 from chaos.bench_recovery import summary
-from chaos.scale_layout import freeze_startup_objects
+from chaos.scale_layout import freeze_startup_objects, start_worker
 from chaos.scale_worker import GLOO_KEY_BYTES
 from ftcoord.server import StoreProcess
 from ftcoord.store import connect, get_or_none, read_int
@@ -166,10 +165,10 @@ class _Worker:
     def spawn(cls, address: str, first: int, count: int, variant: str, rounds: int,
               participants: str = "threads") -> _Worker:
         entry = ["chaos.scale_floor"] if participants == "threads" else ["chaos.scale_worker_events", "floor"]
-        return cls(subprocess.Popen(
-            [sys.executable, "-m", *entry, "--store", address, "--count", str(count),
-             "--first", str(first), "--variant", variant, "--rounds", str(rounds)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True))
+        return cls(start_worker(
+            entry[0], [*entry[1:], "--store", address, "--count", str(count), "--first", str(first), "--variant",
+                       variant, "--rounds", str(rounds)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True))
 
     def _read(self) -> None:
         assert self.process.stdout is not None

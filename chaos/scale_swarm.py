@@ -20,7 +20,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from chaos.scale_layout import WorkerMemory
+from chaos.scale_layout import WorkerMemory, start_worker
 from ftcoord.config import Timing
 
 PARTICIPANTS = {"threads": "chaos.scale_worker", "events": "chaos.scale_worker_events"}
@@ -67,8 +66,8 @@ class Swarm:
         arguments = ["--store", address, "--job", job, "--target", str(n), "--step-s", str(step_s),
                      "--heartbeat-interval", str(timing.heartbeat_interval),
                      "--heartbeat-timeout", str(timing.heartbeat_timeout)]
-        command = [sys.executable, "-m", "chaos.scale_worker", *arguments]
-        bulk_command = [sys.executable, "-m", PARTICIPANTS[participants], *arguments]
+        command = ["chaos.scale_worker", *arguments]
+        bulk_command = [PARTICIPANTS[participants], *arguments]
         # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
         # sharing an interpreter with dozens of simulated participants). The last two slots each get a process
         # of their own too, started last (so neither leads): the kills' victims. (Running the bulk at a lower CPU
@@ -88,8 +87,10 @@ class Swarm:
             raise
 
     def _spawn(self, command: list[str], first: int, count: int, log: TextIO) -> None:
-        process = subprocess.Popen(command + ["--first", str(first), "--count", str(count)], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, start_new_session=True)
+        """A worker: `command` is its module and arguments (chaos.scale_layout.start_worker)."""
+        process = start_worker(command[0], command[1:] + ["--first", str(first), "--count", str(count)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=1,
+                               start_new_session=True)
         worker = Worker(process, first, count)
         self.workers.append(worker)
         threading.Thread(target=self._read, args=(worker,), daemon=True).start()

@@ -96,8 +96,11 @@ class SlotReport:
         self.checkpoint_stalls = StallCounts()
         self._commits: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW)
         """(time, step) of this generation's recent commits."""
-        self._last_commit: tuple[float, int, float | None] | None = None
-        """(time, step, median step time) of the newest commit of any generation."""
+        self._last_commit: tuple[float, int] | None = None
+        """(time, step) of the newest commit of any generation."""
+        self._last_step_s: float | None = None
+        """The median step time of the newest commit's generation, as it stood at that commit: computed when the
+        generation is left (`joined`), not at every commit (a median of the window per step, in every rank)."""
         self._left: tuple[float, int, str] | None = None
         """(time, generation, cause) of leaving the last generation."""
         self._pending: tuple[float, int, float | None, float, int, str, int, int] | None = None
@@ -110,10 +113,12 @@ class SlotReport:
         """A new generation: this process is its witness when it is the heal source and was training."""
         with self._lock:
             self.generation, self.rank = generation, rank
+            if self._commits:  # the newest commit is this window's last: its step time is the window's
+                self._last_step_s = self._step_time()
             self._commits.clear()
             self._pending = None
             if rank is not None and rank == heal_source and self._last_commit is not None and self._left:
-                committed_at, step, step_s = self._last_commit
+                (committed_at, step), step_s = self._last_commit, self._last_step_s
                 left_at, previous, cause = self._left
                 self._pending = (committed_at, step, step_s, left_at, previous, cause, start_step, world_size)
 
@@ -131,7 +136,7 @@ class SlotReport:
         with self._lock:
             self.step = step
             self._commits.append((now, step))
-            self._last_commit = (now, step, self._step_time())
+            self._last_commit = (now, step)
             if self._pending is not None and step > self._pending[6]:
                 self._incidents.append(self._incident(now, *self._pending))
                 self._pending = None

@@ -6,8 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from chaos.scale_layout import start_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,3 +63,20 @@ def test_every_event_reaches_the_driver_whole_and_in_order() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [json.loads(line)["slot"] for line in lines] == list(range(3000))
+
+
+def test_a_worker_runs_the_drivers_code_wherever_the_driver_was_started(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process imports the `chaos` and `ftcoord` of the driver's checkout, not the working directory's:
+    started from another checkout (an A/B run of two versions), `-m` would import that one's first, ahead of
+    PYTHONPATH, and both arms would time the same participants (sabotage: starting workers without a cwd fails this,
+    on the decoy package below)."""
+    decoy = tmp_path / "chaos"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")  # another checkout's chaos
+    (decoy / "scale_worker_events.py").write_text("raise SystemExit('the working directory\\'s worker ran')\n")
+    monkeypatch.chdir(tmp_path)
+    process = start_worker("chaos.scale_worker_events", ["--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    assert "--per-process" in out or "--first" in out, out

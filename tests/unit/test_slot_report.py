@@ -43,6 +43,25 @@ def test_the_heal_source_measures_detection_stall_and_cost() -> None:
     assert report.take_incidents() == [], "one incident per generation change"
 
 
+def test_a_generation_left_before_its_first_commit_keeps_the_step_time_of_the_one_before() -> None:
+    """The step time an incident counts is that of the newest commit's generation, taken when it is left (not at
+    every commit: a median per step, in every rank). A generation joined and left again before committing anything
+    has no window of its own: the one before still measures (sabotage: taking the step time at every join, whatever
+    the window holds, gives None here)."""
+    clock = Clock()
+    report = SlotReport(slot=3, clock=clock)
+    report.joined(1, rank=0, heal_source=0, start_step=0, world_size=2)
+    trained(report, clock, range(1, 11), 0.2)
+    report.left("dead:slot=1", restarts=1)
+    report.joined(2, rank=0, heal_source=0, start_step=10, world_size=2)
+    clock.now += 0.5
+    report.left("dead:slot=2", restarts=2)  # no step committed in generation 2
+    report.joined(3, rank=0, heal_source=0, start_step=9, world_size=2)
+    trained(report, clock, range(10, 11), 0.2)
+    [incident] = report.take_incidents()
+    assert incident.generation == 3 and incident.step_s == 0.2 and incident.lost_steps == 1
+
+
 def test_only_the_heal_source_that_was_training_measures() -> None:
     clock = Clock()
     survivor, fresh = SlotReport(slot=0, clock=clock), SlotReport(slot=1, clock=clock)
