@@ -76,6 +76,7 @@ from ftcoord import keys
 from ftcoord.config import Timing
 from ftcoord.decisions import count_announcements, read_announcements
 from ftcoord.errors import ConfigError
+from ftcoord.forgetting import KEEP_GENERATIONS
 from ftcoord.heartbeat import mark_dead
 from ftcoord.server import StoreProcess
 from ftcoord.store import get_if_present
@@ -360,7 +361,7 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
             for old in [g for g in swarm.joined if g < generation - 2]:
                 del swarm.joined[old]
         if i in marks:
-            keys_now = _settled_key_count(store)
+            keys_now = _settled_key_count(store, generation, len(everyone))
             samples.append({"advances": i, "store_rss_mb": status_mb(pid, "VmRSS"), "store_keys": keys_now})
             say(f"    after {i} advances: {samples[-1]}")
     settled = next((x for x in samples if x["advances"] >= 100), samples[0])
@@ -369,11 +370,17 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
             "keys_growth": samples[-1]["store_keys"] - settled["store_keys"]}
 
 
-def _settled_key_count(store: Any, within_s: float = 5.0) -> int:
-    """The store's key count once it stopped changing: a generation's members write their rendezvous keys just
-    after they joined and the leader forgets an old generation once they all arrived (ftcoord.forgetting), so a
-    count taken at once depends on the moment (up to one generation's keys: N + a few)."""
+def _settled_key_count(store: Any, generation: int, n: int, within_s: float = 15.0) -> int:
+    """The store's key count once `generation` (just decided, n members) is settled: the generation KEEP_GENERATIONS
+    before it forgotten (its last keys deleted, ftcoord.decisions.forget), and the count unchanged since. The leader
+    forgets it only once the new generation's members all arrived (or a heartbeat timeout later:
+    ftcoord.forgetting), a round or more after they joined; a count that merely stood still for a moment caught it
+    before that as often as not, and a store holding one generation's keys more looked like growth (CI, twice)."""
     deadline = time.monotonic() + within_s
+    old = generation - KEEP_GENERATIONS
+    last_keys = [keys.all_arrived(old), keys.gloo_rendezvous(old, n - 1)] if old >= 1 else []
+    while time.monotonic() < deadline and any(store.check([key]) for key in last_keys):
+        time.sleep(0.05)
     seen = [store.num_keys()]
     while time.monotonic() < deadline and not (len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]):
         time.sleep(0.1)
