@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,6 +71,18 @@ def leader_multi_gets(p: Participant) -> int:
     return p.leader._store.requests[("leader", "multi_get")]  # type: ignore[attr-defined]
 
 
+def announced(p: Participant, generation: int) -> int:
+    """How many announced themselves for `generation`, read through a client of the test's own: the participant's
+    is its trainer's, which sits in its wait for the record (a slice of a heartbeat timeout) while others announce."""
+    store = _observers.get(p)
+    if store is None:
+        store = _observers[p] = job_store(connect(str(p.address)), p.job_id)
+    return count_announcements(store, generation)
+
+
+_observers: weakref.WeakKeyDictionary[Participant, Any] = weakref.WeakKeyDictionary()
+
+
 def pause_leader_while_it_runs(leader: Participant, generation: int) -> pausepoints.Gate:
     """The leader paused after a round's reads, its last wait having found `generation` running (so it does not
     look at the interrupt before its next wait)."""
@@ -105,7 +118,7 @@ def rejoin_on_one_token(leader: Participant, others: list[Participant], metered:
     before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, generation) == 3, 5, "every member to announce itself")
+    wait_until(lambda: announced(leader, generation) == 3, 5, "every member to announce itself")
     tokens.release(1)
     decided = before_record.wait_reached(5)
     metered.clear()
@@ -138,7 +151,7 @@ def rejoin_but_one(leader: Participant, others: list[Participant]
     others[1].store.append = lambda *args: (may_announce.wait(10), append(*args))[1]
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 2) == 2, 5, "two members to announce themselves")
+    wait_until(lambda: announced(leader, 2) == 2, 5, "two members to announce themselves")
     return gate, reads, before_record, may_announce, threads
 
 
@@ -153,7 +166,7 @@ def test_the_leader_decides_a_rejoin_on_what_it_read_before_the_interrupt(
     before_record = pausepoints.hold(pausepoints.LEADER_BEFORE_RECORD)
     others[0].interrupt("test")
     threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 2) == 3, 5, "every member to announce itself")
+    wait_until(lambda: announced(leader, 2) == 3, 5, "every member to announce itself")
     asked = spy_on_compare_sets(leader.leader._store)
     gate.release()
     assert before_record.wait_reached(5), "the leader never came to decide generation 2"
@@ -304,7 +317,7 @@ def test_a_rejoin_decided_on_older_reads_never_leaves_out_a_process_they_do_not_
     arriving = threading.Thread(target=lambda: joined.append(newcomer.join(0)), daemon=True)
     arriving.start()  # it interrupts generation 1 (below its target, and it was never considered there)
     threads = rejoin(leader, *others)
-    wait_until(lambda: count_announcements(leader.store, 2) == 4, 5, "all four to announce themselves")
+    wait_until(lambda: announced(leader, 2) == 4, 5, "all four to announce themselves")
     gate.release()
     for t in (*threads, arriving):
         t.join(10)
