@@ -197,7 +197,8 @@ def test_a_rejoin_that_waits_past_its_first_slice_reads_no_record_of_the_interru
         before = _requests(first)
         joining = threading.Thread(target=first.join, args=(0,), daemon=True)
         joining.start()
-        time.sleep(1.5)  # past the first slice: the record waits for the second member
+        wait_until(lambda: _requests(first)[("trainer", "cancel_wait")] > before[("trainer", "cancel_wait")], 10,
+                   "the rejoin's first slice to run out (the record waits for the second member)")
         assert first.generation == 1
         second.join(0)
         joining.join(10)
