@@ -262,10 +262,14 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     dead or changed. So is a fault sent from outside at step s to the rank of an in-rank fault at step s - 1, in
     either order drawn: it is sent once any rank committed step s - 1, and the rank it aims at may still be in that
     step, before its own fault's point (seed 33004, six ranks: a hang at step 55 stopped rank 1 after step 54's
-    reduction and before its raise-midstep at step 54, which never fired). The draws are the same either way."""
+    reduction and before its raise-midstep at step 54, which never fired). So is an in-rank fault at the boundary
+    of step s (after step s - 1 is committed) for the rank of an in-rank fault inside step s - 1, in either order
+    drawn: that one ends the rank's step s - 1 before its commit, its peers commit it, and nobody holding that rank
+    passes the boundary (seed 33019, three ranks and a spare: a kill-midstep of rank 1 at step 164 and its raise at
+    step 165, which never fired). The draws are the same either way."""
     rng = random.Random(seed)
     faults, step, ranks = [], 0.0, ranks_kept(job)
-    aimed: dict[tuple[int, int], bool] = {}  # (rank, step) of the faults aimed at a rank so far -> fired in-rank
+    aimed: dict[tuple[int, int], str | None] = {}  # (rank, step) of the faults aimed at a rank so far -> in-rank point
     while True:
         step += rng.expovariate(1.0 / mtbf_steps)
         if step >= job.steps - margin:
@@ -276,13 +280,26 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
         target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
         if kind in RANK_KINDS:
-            at, in_rank = (target, int(step)), kind in IN_RANK_KINDS
-            if at in aimed or (aimed.get((target, at[1] - 1)) is True and not in_rank) or (
-                    aimed.get((target, at[1] + 1)) is False and in_rank):
+            at, point = (target, int(step)), IN_RANK_ACTIONS[kind][1] if kind in IN_RANK_KINDS else None
+            before, after = aimed.get((target, at[1] - 1), ""), aimed.get((target, at[1] + 1), "")
+            if at in aimed or _ends_first(before, point) or _ends_first(point, after):
                 continue
-            aimed[at] = in_rank
+            aimed[at] = point
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
+
+
+_INSIDE_A_STEP = ("after_backward", "mid_reduction")
+
+
+def _ends_first(earlier: str | None, later: str | None) -> bool:
+    """A fault at `earlier`'s point in step s - 1 leaves one at `later`'s in step s of the same rank unfired
+    (random_faults; a point of None: sent from outside, "": none planned)."""
+    if earlier == "" or later == "":
+        return False
+    if later is None:  # sent from outside: the rank may still be in step s - 1, before its in-rank fault
+        return earlier is not None
+    return earlier in _INSIDE_A_STEP and later == "at_boundary"
 
 
 def parse(text: str, where: str = "<scenario>") -> Scenario:

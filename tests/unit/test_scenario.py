@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from chaos.scenario import IN_RANK_KINDS, ScenarioError, bundled_names, load, parse
+from chaos.scenario import IN_RANK_ACTIONS, IN_RANK_KINDS, ScenarioError, bundled_names, load, parse
 
 GOOD_JOB = "[job]\nnproc = 2\nsteps = 50\nglobal_batch = 8\n"
 
@@ -73,6 +73,22 @@ def test_random_faults_send_nothing_from_outside_to_a_rank_still_before_its_own_
     assert [(f.kind, f.rank) for f in faults if f.step in (54, 55)] == [("raise-midstep", 1)]
     assert len(faults) == 23
 
+
+
+def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_step_before() -> None:
+    """An in-rank fault at the boundary of step s fires after step s - 1 is committed; one inside step s - 1 (after
+    the backward, in the reduction) ends that rank's step before its commit, its peers commit it, and nobody holding
+    the rank passes that boundary (seed 33019, three ranks and a spare: a kill-midstep of rank 1 at step 164 and a
+    raise at step 165, which never fired). The other draws are unchanged."""
+    text = ('name = "x"\ndescription = "d"\n[job]\nnproc = 3\nspares = 1\nsteps = 180\nglobal_batch = 24\n'
+            '[random]\nseed = 33019\nmtbf_steps = 12\n')
+    faults = parse(text, "r33019.toml").faults
+    points = {(f.rank, f.step): IN_RANK_ACTIONS[f.kind][1] for f in faults if f.kind in IN_RANK_ACTIONS}
+    unfired = sorted((r, s) for (r, s), point in points.items()
+                     if point == "at_boundary" and points.get((r, s - 1)) in ("after_backward", "mid_reduction"))
+    assert not unfired, f"boundary faults right after a fault inside the same rank's step before: {unfired}"
+    assert [(f.kind, f.rank) for f in faults if f.step in (164, 165)] == [("kill-midstep", 1)]
+    assert len(faults) == 7
 
 @pytest.mark.parametrize(
     ("text", "message"),
