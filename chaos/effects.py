@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.scenario import IN_RANK_ACTIONS, Scenario
+from chaos.scenario import IN_RANK_ACTIONS, Scenario, ends_first
 
 NEW_GENERATION = "a newer generation commits a step"
 FULL_SIZE = "a step is committed at the full world size"
@@ -117,8 +117,8 @@ def _ended_first(index: int, scenario: Scenario, events: list[dict[str, Any]]) -
         if other.step == planned.step:
             return (f": {other.kind} at the same step and target fired first and ended that step there, and a step "
                     f"its peers committed is not run again (plan one in-rank fault per target and step)")
-        if (other.step == planned.step - 1 and IN_RANK_ACTIONS[planned.kind][1] == "at_boundary"
-                and IN_RANK_ACTIONS[other.kind][1] != "at_boundary"):
+        if other.step == planned.step - 1 and ends_first(IN_RANK_ACTIONS[other.kind][1],
+                                                           IN_RANK_ACTIONS[planned.kind][1]):
             return (f": {other.kind} at step {other.step} fired first, inside that step, which its peers committed "
                     f"without it, so nobody holding that target passed the boundary of step {planned.step} "
                     f"(plan a boundary fault at least two steps after an in-step fault of the same target)")

@@ -269,7 +269,7 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     step 165, which never fired). The draws are the same either way."""
     rng = random.Random(seed)
     faults, step, ranks = [], 0.0, ranks_kept(job)
-    aimed: dict[tuple[int, int], str | None] = {}  # (rank, step) of the faults aimed at a rank so far -> in-rank point
+    aimed: dict[tuple[int, int], str] = {}  # (rank, step) of the faults aimed at a rank -> its point (ends_first)
     while True:
         step += rng.expovariate(1.0 / mtbf_steps)
         if step >= job.steps - margin:
@@ -280,26 +280,27 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
         target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
         if kind in RANK_KINDS:
-            at, point = (target, int(step)), IN_RANK_ACTIONS[kind][1] if kind in IN_RANK_KINDS else None
-            before, after = aimed.get((target, at[1] - 1), ""), aimed.get((target, at[1] + 1), "")
-            if at in aimed or _ends_first(before, point) or _ends_first(point, after):
+            at, point = (target, int(step)), IN_RANK_ACTIONS[kind][1] if kind in IN_RANK_KINDS else OUTSIDE
+            if at in aimed or ends_first(aimed.get((target, at[1] - 1)), point) or ends_first(
+                    point, aimed.get((target, at[1] + 1))):
                 continue
             aimed[at] = point
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
 
 
-_INSIDE_A_STEP = ("after_backward", "mid_reduction")
+OUTSIDE = "outside"
+"""The point of a fault sent from outside (ends_first): every other point is an in-rank fault's (IN_RANK_ACTIONS)."""
 
 
-def _ends_first(earlier: str | None, later: str | None) -> bool:
-    """A fault at `earlier`'s point in step s - 1 leaves one at `later`'s in step s of the same rank unfired
-    (random_faults; a point of None: sent from outside, "": none planned)."""
-    if earlier == "" or later == "":
+def ends_first(earlier: str | None, later: str | None) -> bool:
+    """A fault at point `earlier` in step s - 1 leaves one at point `later` in step s of the same rank unfired
+    (random_faults leaves such pairs out; chaos.effects says why one never fired). None: no fault planned there."""
+    if earlier is None or later is None:
         return False
-    if later is None:  # sent from outside: the rank may still be in step s - 1, before its in-rank fault
-        return earlier is not None
-    return earlier in _INSIDE_A_STEP and later == "at_boundary"
+    if later == OUTSIDE:  # sent once any rank committed step s - 1: the rank may still be before its fault's point
+        return earlier != OUTSIDE
+    return earlier in ("after_backward", "mid_reduction") and later == "at_boundary"  # its step ended uncommitted
 
 
 def parse(text: str, where: str = "<scenario>") -> Scenario:

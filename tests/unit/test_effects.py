@@ -66,7 +66,6 @@ def test_a_fault_whose_step_another_fault_ended_first_says_so() -> None:
         "target and step)")
 
 
-
 def test_a_boundary_fault_right_after_a_fault_inside_the_step_before_says_why_it_never_fired() -> None:
     """A kill-midstep of rank 3 inside step 19 ends that rank's step before its commit; its peers commit it, and
     nobody holding rank 3 passes the boundary of step 20, where the raise was planned (seed 33019 drew such a pair:
@@ -79,6 +78,7 @@ def test_a_boundary_fault_right_after_a_fault_inside_the_step_before_says_why_it
         "planned fault raise at step 20 (rank 3) never fired: kill-midstep at step 19 fired first, inside that step, "
         "which its peers committed without it, so nobody holding that target passed the boundary of step 20 (plan a "
         "boundary fault at least two steps after an in-step fault of the same target)")
+
 
 def test_a_store_fault_while_the_job_stands_still_is_held_to_training_on() -> None:
     """A store restart 0.5 s after a node stopped answering (mixed schedule S3): the members stood in a collective with

@@ -71,6 +71,9 @@ def leader_multi_gets(p: Participant) -> int:
     return p.leader._store.requests[("leader", "multi_get")]  # type: ignore[attr-defined]
 
 
+_observers: weakref.WeakKeyDictionary[Participant, Any] = weakref.WeakKeyDictionary()  # announced's clients
+
+
 def announced(p: Participant, generation: int) -> int:
     """How many announced themselves for `generation`, read through a client of the test's own: the participant's
     is its trainer's, which sits in its wait for the record (a slice of a heartbeat timeout) while others announce."""
@@ -78,9 +81,6 @@ def announced(p: Participant, generation: int) -> int:
     if store is None:
         store = _observers[p] = job_store(connect(str(p.address)), p.job_id)
     return count_announcements(store, generation)
-
-
-_observers: weakref.WeakKeyDictionary[Participant, Any] = weakref.WeakKeyDictionary()
 
 
 def pause_leader_while_it_runs(leader: Participant, generation: int) -> pausepoints.Gate:

@@ -74,7 +74,6 @@ def test_random_faults_send_nothing_from_outside_to_a_rank_still_before_its_own_
     assert len(faults) == 23
 
 
-
 def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_step_before() -> None:
     """An in-rank fault at the boundary of step s fires after step s - 1 is committed; one inside step s - 1 (after
     the backward, in the reduction) ends that rank's step before its commit, its peers commit it, and nobody holding
@@ -89,6 +88,7 @@ def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_ste
     assert not unfired, f"boundary faults right after a fault inside the same rank's step before: {unfired}"
     assert [(f.kind, f.rank) for f in faults if f.step in (164, 165)] == [("kill-midstep", 1)]
     assert len(faults) == 7
+
 
 @pytest.mark.parametrize(
     ("text", "message"),
