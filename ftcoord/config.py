@@ -89,7 +89,7 @@ class Timing:
         """How often a deputy of the leader (ftcoord.leader) reads the leader's heartbeat (the leader reads
         everyone's every tick): a third of the heartbeat timeout, so a silent leader is replaced within ~1.33
         timeouts while a deputy stays within 2 store requests per heartbeat interval in all (the read is a
-        multi_get: two requests). Every tick while it joins a generation."""
+        multi_get: two requests). More often while it joins a generation (ftcoord.deputies)."""
         return max(self.tick, self.heartbeat_timeout / 3)
 
     @property

@@ -143,8 +143,10 @@ class Probe:
             self._store.compare_set(keys.interrupt(generation), "", "closed:probe")
             self._store.set(keys.probe(generation), keys.PROBE_ASKED)
         return self._asked[generation]
-    def wait_at_most(self, grace: float, tick: float) -> float:
-        """How long the leader may sleep: until the newest question's grace ends, or a tick."""
+
+    def wait_at_most(self, grace: float, longest: float) -> float:
+        """How long a watcher that asked may sleep: until the newest question's grace ends (the read that finds its
+        answers, or silence, is asked then), or `longest` (the leader's tick, a follower's interval)."""
         newest = max(self._asked.values(), default=None)
         due = None if newest is None else newest + grace - time.monotonic()
-        return tick if due is None or due <= 0 else max(0.01, min(tick, due))
+        return longest if due is None or due <= 0 else max(0.01, min(longest, due))

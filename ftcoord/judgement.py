@@ -70,6 +70,13 @@ class Judge:
         due = self.observer.stale_at("hb/") + 0.001  # a timed wait may end a hair early
         return min(seconds, max(0.005, due - time.monotonic()))
 
+    def next_look(self, seconds: float) -> float:
+        """A follower's sleep until its next look at the leader: `seconds` (ftcoord.deputies), or less when the
+        leader's heartbeat would reach the timeout sooner (`sooner`), or when a question this follower asked (a probe,
+        judging the leader on evidence) has its answers due: a follower that looks every few ticks (a large job's,
+        while it joins) judges the leader then, as one that looked every tick did."""
+        return self.sooner(self.probe.wait_at_most(self._timing.probe_grace, seconds))
+
     def rebuilt(self) -> None:
         """The store restarted: what was fenced and asked there is gone; fence and ask again."""
         self.fenced.clear()

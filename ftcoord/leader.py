@@ -198,7 +198,7 @@ class LeaderDuty:
                     if holder is not None and election.claim is None:
                         election.try_acquire(holder, facts, self._closed_in)
                     if election.claim is None:
-                        self._sleep(self._judge.sooner(self._cadence.interval()))
+                        self._sleep(self._judge.next_look(self._cadence.interval()))
                 elif holder == election.claim:
                     pausepoints.reached(pausepoints.LEADER_CHECKED)
                     if self._lead_once(read_at, facts):
