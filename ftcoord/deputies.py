@@ -12,9 +12,9 @@ every tick in a job of up to LOOKERS_PER_TICK of them, a tick more between two l
 leader fell silent still looks within a tick / LOOKERS_PER_TICK on average, and the store serves their looks at
 ~LOOKERS_PER_TICK a tick until the cap, a third of what every tick cost past it. (Each of 4,096 looked every tick
 once its turn came: up to ~16,000 reads a second while they joined, two requests each; `chaos bench --scale` at
-4,096 counted 0.1-1.3 requests per participant per advance from them, more the slower the advance.) The cap is the
-span the evidence needs anyway between one follower's two looks (a leader silent for evidence_silence is gone,
-ftcoord.judgement); a follower that asked the members to beat (a probe) looks again when its grace ends
+4,096 counted 3.1 requests per participant per advance from them where advances took 2.6-6.9 s, 0.1-0.3 at 1,024.)
+The cap is the span the evidence needs anyway between one follower's two looks (a leader silent for evidence_silence
+is gone, ftcoord.judgement); a follower that asked the members to beat (a probe) looks again when its grace ends
 (Judge.next_look), as every tick did.
 """
 
