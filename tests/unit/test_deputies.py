@@ -91,7 +91,7 @@ def test_a_follower_that_asked_the_members_to_beat_looks_for_the_answers_when_th
             looks = follower.link.requests()[("leader", "multi_get")]
             wait_until(lambda: follower.link.requests()[("leader", "multi_get")] > looks, 5, "its next look")
             took = time.monotonic() - asked
-        assert took < TIMING.probe_grace + 0.2, (
+        assert took < (TIMING.probe_grace + TIMING.evidence_silence) / 2, (
             f"the follower looked again {took:.2f} s after its question: not when its grace "
             f"({TIMING.probe_grace} s) ended, but at its next turn ({TIMING.evidence_silence} s)")
     finally:
