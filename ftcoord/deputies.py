@@ -75,4 +75,4 @@ class Cadence:
         if self.deputy:
             return tick
         ticks = max(1, math.ceil(self._others / LOOKERS_PER_TICK))
-        return min(ticks * tick, max(tick, self._timing.evidence_silence))
+        return min(ticks * tick, self._timing.evidence_silence)  # 1.5 intervals: always past a tick (half one at most)
