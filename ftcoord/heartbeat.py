@@ -118,12 +118,14 @@ class Heartbeat:
         first_commit = report.step >= 0 and not self._first_commit_noted
         if identity != self._published_identity or first_commit or now - self._status_at >= self._publish_every:
             status = json.dumps(report.status(), separators=(",", ":"))
+            self._status_at = now  # looked: the next look is publish_every away, whether it changed or not (a status
+            # that stood still, a spare's or a member's waiting on its peers, was encoded again at every beat)
             if status != self._published_status:
                 if first_commit:
                     jobs.note_first_commit(self._store)
                     self._first_commit_noted = True
                 self._store.set(keys.status(self._slot), status)
-                self._published_status, self._published_identity, self._status_at = status, identity, now
+                self._published_status, self._published_identity = status, identity
         for incident in report.take_incidents():
             self._store.append(keys.INCIDENTS, incident.to_json() + "\n")
             self._log.info("generation_changed", mono=time.monotonic(), **incident.__dict__)

@@ -161,6 +161,8 @@ class SlotReport:
             return self._commits[-1][1] if self._commits else -1
 
     def take_incidents(self) -> list[Incident]:
+        if not self._incidents:  # asked at every beat, seldom with one: one being added now is taken at the next beat
+            return []
         with self._lock:
             taken, self._incidents = self._incidents, []
             return taken

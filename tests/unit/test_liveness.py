@@ -15,6 +15,7 @@ from ftcoord.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
+from ftcoord.slot_report import SlotReport
 from ftcoord.store import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
@@ -174,6 +175,38 @@ def test_a_training_thread_still_on_its_peers_is_published_waiting_looked_at_onl
     finally:
         peers_done.set()
         heartbeat.stop()
+
+
+def test_a_status_that_stands_still_is_looked_at_once_per_publish_every_not_at_every_beat(
+        store_server: StoreServer, job_id: str) -> None:
+    """A slot's status (for operators) is published when it changed, looked at most every publish_every: a spare's
+    or a member's waiting on its peers stands still, and was encoded again (a dataclass copied, JSON) at every beat
+    once publish_every had passed since it was last published."""
+    store = job_store(connect(store_server.address), job_id)
+    report = SlotReport(slot=4)
+    looks: list[float] = []
+    real_status = report.status
+
+    def status() -> dict[str, object]:
+        looks.append(time.monotonic())
+        return real_status()
+
+    report.status = status  # type: ignore[method-assign]
+    publish_every = 0.3
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=4, interval=0.02, report=report,
+                          publish_every=publish_every)
+    t0 = time.monotonic()
+    beats = 0
+    while time.monotonic() - t0 < 4 * publish_every:
+        heartbeat.beat()
+        beats += 1
+        time.sleep(0.02)
+    assert get_or_none(store, keys.status(4)) is not None  # published once, at the first beat
+    assert beats >= 20
+    # The first beat's, then one a publish_every (4 in all, 5 with a late beat), not one at each of ~45 beats.
+    assert len(looks) <= 5, f"the still status was looked at {len(looks)} times in {beats} beats"
+    gaps = [b - a for a, b in zip(looks, looks[1:], strict=False)]
+    assert all(gap >= publish_every - 0.01 for gap in gaps), gaps
 
 
 @pytest.mark.parametrize("interrupted_first", [False, True], ids=["running", "already-interrupted"])
