@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 
 from chaos.scale_layout import freeze_startup_objects
 from ftcoord import keys
@@ -163,7 +164,9 @@ def stacks(slots: set[int]) -> dict[str, list[str]]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prepare: Callable[[Timing], object] = lambda timing: None) -> int:
+    """`prepare(timing)`: what the process needs before its participants start, given their timing
+    (chaos.scale_worker_events' timers)."""
     parser = argparse.ArgumentParser(prog="python -m chaos.scale_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="host:port of the job's store")
     parser.add_argument("--job", required=True)
@@ -181,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks: list[SimulatedRank] = []
     policy = QuorumPolicy(target_world_size=args.target, min_world_size=1)
     timing = Timing(heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout)
+    prepare(timing)
     started = time.monotonic()
     for slot in range(args.first, args.first + args.count):
         participant = Participant(args.store, args.job, slot, policy, timing,

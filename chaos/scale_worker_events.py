@@ -11,13 +11,15 @@ a greenlet that computes holds its whole process up (a thread would be preempted
 waits its turn behind its process's other participants, as its thread waited for the interpreter lock. A
 straggler's report (chaos.bench_scale) shows no stacks for these participants: the interpreter sees one thread.
 A timed wait that runs out throws no exception into its greenlet, as a thread's throws none (chaos.timed_event:
-14% of a participant's CPU at steady state).
+14% of a participant's CPU at steady state); the kernel may fire a participant's timers a little late, so that one
+wake-up of the process serves several (coalesce_timers: 22% less CPU again).
 """
 
 from gevent import monkey
 
 monkey.patch_all()  # before anything imports threading, socket or time's users
 
+import ctypes  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 
@@ -30,9 +32,34 @@ from gevent.fileobject import FileObjectPosix  # noqa: E402
 from chaos import scale_floor, scale_worker  # noqa: E402
 from chaos.wire_store import WireStore  # noqa: E402
 from ftcoord.address import StoreAddress  # noqa: E402
+from ftcoord.config import Timing  # noqa: E402
 from ftcoord.store_link import StoreLink  # noqa: E402
 
 _CONNECT_S = 30.0  # a floor client's connection (torch's, in the floor's threads: ftcoord.store.connect's deadline)
+_PR_SET_TIMERSLACK = 29  # linux/prctl.h
+TIMER_SLACK_S = 0.01
+"""The most the kernel may fire a participant's timer late, in seconds (a 25th of a tick at most: coalesce_timers)."""
+
+
+def coalesce_timers(timing: Timing) -> int:
+    """Let the kernel fire this process's timers up to TIMER_SLACK_S late (prctl's timer slack; Linux's default is 50
+    us), or a 25th of the participants' tick if that is less; the slack set, in ns (0: not Linux, nothing set).
+
+    A worker of 128 participants has ~400 timers due a second at the default timing (each participant's heartbeat,
+    its looks at the leader, its trainer's steps), at moments spread at random: at the default slack nearly each was
+    a wake-up of its own, a context switch and a pass of the event loop for one greenlet. A host's participant wakes
+    for its own timers alone. With the slack, one wake-up serves the timers due within it, or comes with a socket's.
+    Nothing in a participant waits for a timer to hear of a change (a store's answer, an event set: they wake it at
+    once); a timer paces it (a beat, a look), and 10 ms is 4% of the default tick. Measured at 512 participants,
+    both versions at once (6 windows of 20 s each): 0.315 ms of CPU per participant per s (0.301-0.334) against
+    0.402 (0.394-0.407)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    slack_ns = round(min(TIMER_SLACK_S, timing.tick / 25) * 1e9)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl(PR_SET_TIMERSLACK, {slack_ns}) failed")
+    return slack_ns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return scale_floor.worker(argv[1:], client=lambda address: WireStore.connect(StoreAddress.parse(address),
                                                                                     _CONNECT_S))
     StoreLink.open_client = staticmethod(WireStore.connect)
-    return scale_worker.main(argv)
+    return scale_worker.main(argv, prepare=coalesce_timers)
 
 
 if __name__ == "__main__":

@@ -80,3 +80,34 @@ def test_a_worker_runs_the_drivers_code_wherever_the_driver_was_started(tmp_path
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0, out
     assert "--first" in out, out  # chaos.scale_worker's usage
+
+
+@pytest.mark.parametrize(("interval", "slack_ns"), [(None, 10_000_000), (0.05, 1_000_000)], ids=["default", "fast"])
+def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_25th_of_a_tick_at_most(
+        interval: float | None, slack_ns: int) -> None:
+    """An event-loop worker's timers (a few hundred due a second: its participants' beats, looks and steps) may fire
+    up to 10 ms late, so that one wake-up of the process serves several; a 25th of the participants' tick at most
+    (1 ms for a beat every 50 ms). Read from the running worker (/proc: the kernel's own figure)."""
+    pytest.importorskip("gevent")
+    from ftcoord.server import StoreProcess
+
+    server = StoreProcess.start("127.0.0.1", 0)
+    timing = [] if interval is None else ["--heartbeat-interval", str(interval), "--heartbeat-timeout",
+                                          str(10 * interval)]
+    process = start_worker("chaos.scale_worker_events",
+                           ["--store", str(server.address), "--job", "slack", "--first", "0", "--count", "2",
+                            "--target", "2", *timing], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        for line in process.stdout:  # until its participants started (bounded by the test's timeout)
+            if json.loads(line)["event"] == "started":
+                break
+        assert int(Path(f"/proc/{process.pid}/timerslack_ns").read_text()) == slack_ns
+        process.stdin.write("stop\n")
+        process.stdin.flush()
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        server.stop()
