@@ -164,7 +164,7 @@ def stacks(slots: set[int]) -> dict[str, list[str]]:
     return found
 
 
-def main(argv: list[str] | None = None, prepare: Callable[[Timing], object] = lambda timing: None) -> int:
+def main(argv: list[str] | None = None, prepare: Callable[[Timing], None] = lambda timing: None) -> int:
     """`prepare(timing)`: what the process needs before its participants start, given their timing
     (chaos.scale_worker_events' timers)."""
     parser = argparse.ArgumentParser(prog="python -m chaos.scale_worker", description=__doc__.splitlines()[0])
