@@ -24,6 +24,7 @@ import torch
 from chaos.bench_heal import bench_heal, heal_rows
 from chaos.bench_recovery import DEFAULT, bench_recovery_by_fault, default_job, summary
 from chaos.metrics import goodput
+from chaos.own_code import start_worker
 from chaos.run import ChaosRunner
 from chaos.scenario import Fault, Scenario
 from ftcoord import StoreServer, connect, job_store
@@ -48,12 +49,13 @@ def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, wa
     `ftcoord status --watch` reading the job all along)."""
     job = f"bench-{mode}-{reduction}-{uuid.uuid4().hex[:6]}"
     files = [out / f"steps-{job}-{r}.json" for r in range(2)]
-    status = [sys.executable, "-m", "ftcoord.cli", "status", "--store", store, "--job", job, "--watch"]
-    watcher = subprocess.Popen(status, env=_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL) if watched else None
-    procs = [subprocess.Popen([sys.executable, "-m", "chaos.bench_workers", "steps", "--mode", mode, "--reduction",
-                               reduction, "--rank", str(r), "--store", store, "--job", job, "--out", str(files[r]),
-                               "--steps", str(steps)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    status = ["status", "--store", store, "--job", job, "--watch"]
+    watcher = start_worker("ftcoord.cli", status, env=_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL) if watched else None
+    procs = [start_worker("chaos.bench_workers", ["steps", "--mode", mode, "--reduction", reduction, "--rank", str(r),
+                                                  "--store", store, "--job", job, "--out", str(files[r]),
+                                                  "--steps", str(steps)],
+                          env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for r in range(2)]
     for p in procs:
         p.wait(600)
@@ -121,9 +123,9 @@ def bench_advance(store: str, out: Path, sizes: list[int], rounds: int) -> dict[
         for slot in range(n):
             if n <= 8:  # processes, as in a real job
                 path = out / f"advance-{job}-{slot}.json"
-                procs.append((path, subprocess.Popen(
-                    [sys.executable, "-m", "chaos.bench_workers", "advance", "--slot", str(slot), "--world", str(n),
-                     "--store", store, "--job", job, "--rounds", str(rounds), "--out", str(path)],
+                procs.append((path, start_worker(
+                    "chaos.bench_workers", ["advance", "--slot", str(slot), "--world", str(n), "--store", store,
+                                            "--job", job, "--rounds", str(rounds), "--out", str(path)],
                     env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
             else:  # threads with their own store clients
                 arrivals[slot] = []

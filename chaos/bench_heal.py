@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from chaos.bench_recovery import summary
+from chaos.own_code import start_worker
 from ftcoord.heal import heal
 from ftcoord.state_tree import digest, flatten
 
@@ -142,9 +143,9 @@ def bench_heal(store: str, out: Path, reps: int) -> dict[str, Any]:
         prefix, file = f"bench-heal-{uuid.uuid4().hex[:6]}", out / f"heal-{receivers}.json"
         env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, "-m", "chaos.bench_heal", "--rank", str(r), "--world", str(world),
-                                   "--store", store, "--prefix", prefix, "--reps", str(reps), "--out", str(file)],
-                                  env=env, stderr=subprocess.PIPE, text=True) for r in range(world)]
+        procs = [start_worker("chaos.bench_heal", ["--rank", str(r), "--world", str(world), "--store", store,
+                                                   "--prefix", prefix, "--reps", str(reps), "--out", str(file)],
+                              env=env, stderr=subprocess.PIPE, text=True) for r in range(world)]
         for p in procs:
             _, err = p.communicate(timeout=1800)
             if p.returncode:

@@ -42,7 +42,8 @@ from datetime import timedelta
 from typing import Any
 
 from chaos.bench_recovery import summary
-from chaos.scale_layout import freeze_startup_objects, start_worker
+from chaos.own_code import start_worker
+from chaos.scale_layout import freeze_startup_objects
 from chaos.scale_worker import GLOO_KEY_BYTES
 from ftcoord.server import StoreProcess
 from ftcoord.store import connect, get_or_none, read_int
@@ -168,7 +169,7 @@ class _Worker:
         return cls(start_worker(
             entry[0], [*entry[1:], "--store", address, "--count", str(count), "--first", str(first), "--variant",
                        variant, "--rounds", str(rounds)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True))
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True))
 
     def _read(self) -> None:
         assert self.process.stdout is not None

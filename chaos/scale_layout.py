@@ -36,11 +36,8 @@ from __future__ import annotations
 import gc
 import math
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ftcoord.store_main import open_files_limit
 
@@ -155,18 +152,6 @@ def layout(n: int, memory: WorkerMemory, machine: Machine) -> int:
         f"{memory.participant_mb:.1f} MB per participant, {memory.shared_mb:.0f} MB shared, plus the store) but "
         f"{machine.available_mb / 1024:.1f} GiB is available: run this size on a machine with more memory, or "
         f"leave it out of --sizes")
-
-
-CODE_ROOT = Path(__file__).resolve().parents[1]
-"""The checkout whose `chaos` and `ftcoord` this process runs: its worker processes start there (`start_worker`)."""
-
-
-def start_worker(module: str, args: list[str], **popen: Any) -> subprocess.Popen[str]:
-    """`python -m module args` in CODE_ROOT, so the worker runs the driver's own code. `-m` puts the working
-    directory first on the module path, ahead of PYTHONPATH: a driver of another checkout (an A/B run of two
-    versions, PYTHONPATH=/other/checkout, started from this one) got workers, the leader among them, of whichever
-    checkout it was started from, and timed the same participants and leader in both arms."""
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=CODE_ROOT, text=True, **popen)
 
 
 def freeze_startup_objects() -> None:

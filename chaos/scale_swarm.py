@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from chaos.scale_layout import WorkerMemory, start_worker
+from chaos.own_code import start_worker
+from chaos.scale_layout import WorkerMemory
 from ftcoord.config import Timing
 
 PARTICIPANTS = {"threads": "chaos.scale_worker", "events": "chaos.scale_worker_events"}
@@ -87,10 +88,10 @@ class Swarm:
             raise
 
     def _spawn(self, command: list[str], first: int, count: int, log: TextIO) -> None:
-        """A worker: `command` is its module and arguments (chaos.scale_layout.start_worker)."""
+        """A worker: `command` is its module and arguments (chaos.own_code.start_worker)."""
         process = start_worker(command[0], command[1:] + ["--first", str(first), "--count", str(count)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=1,
-                               start_new_session=True)
+                               start_new_session=True, text=True)
         worker = Worker(process, first, count)
         self.workers.append(worker)
         threading.Thread(target=self._read, args=(worker,), daemon=True).start()

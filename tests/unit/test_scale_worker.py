@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scale_layout import start_worker
+from chaos.own_code import start_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,23 +65,6 @@ def test_every_event_reaches_the_driver_whole_and_in_order() -> None:
     assert [json.loads(line)["slot"] for line in lines] == list(range(3000))
 
 
-def test_a_worker_runs_the_drivers_code_wherever_the_driver_was_started(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker process imports the `chaos` and `ftcoord` of the driver's checkout, not the working directory's:
-    started from another checkout (an A/B run of two versions), `-m` would import that one's first, ahead of
-    PYTHONPATH, and both arms would time the same participants (sabotage: starting workers without a cwd fails this,
-    on the decoy package below)."""
-    decoy = tmp_path / "chaos"
-    decoy.mkdir()
-    (decoy / "__init__.py").write_text("")  # another checkout's chaos
-    (decoy / "scale_worker_events.py").write_text("raise SystemExit('the working directory\\'s worker ran')\n")
-    monkeypatch.chdir(tmp_path)
-    process = start_worker("chaos.scale_worker_events", ["--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, out
-    assert "--first" in out, out  # chaos.scale_worker's usage
-
-
 @pytest.mark.parametrize(("interval", "slack_ns"), [(None, 10_000_000), (0.05, 1_000_000)], ids=["default", "fast"])
 def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_25th_of_a_tick_at_most(
         interval: float | None, slack_ns: int) -> None:
@@ -96,7 +79,7 @@ def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_25th_of_a_t
                                           str(10 * interval)]
     process = start_worker("chaos.scale_worker_events",
                            ["--store", str(server.address), "--job", "slack", "--first", "0", "--count", "2",
-                            "--target", "2", *timing], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                            "--target", "2", *timing], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdin is not None
         for line in process.stdout:  # until its participants started (bounded by the test's timeout)
