@@ -23,6 +23,7 @@ import torch
 
 from chaos.bench_heal import bench_heal, heal_rows
 from chaos.bench_recovery import DEFAULT, bench_recovery_by_fault, default_job, summary
+from chaos.machine_env import machine_env
 from chaos.metrics import goodput
 from chaos.own_code import start_worker
 from chaos.run import ChaosRunner
@@ -37,11 +38,6 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-            "TORCH_CPP_LOG_LEVEL": "ERROR"}
-
-
 # -- overhead ----------------------------------------------------------------------------
 
 def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, watched: bool = False) -> float:
@@ -50,12 +46,12 @@ def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, wa
     job = f"bench-{mode}-{reduction}-{uuid.uuid4().hex[:6]}"
     files = [out / f"steps-{job}-{r}.json" for r in range(2)]
     status = ["status", "--store", store, "--job", job, "--watch"]
-    watcher = start_worker("ftcoord.cli", status, env=_env(), stdout=subprocess.DEVNULL,
+    watcher = start_worker("ftcoord.cli", status, env=machine_env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL) if watched else None
     procs = [start_worker("chaos.bench_workers", ["steps", "--mode", mode, "--reduction", reduction, "--rank", str(r),
                                                   "--store", store, "--job", job, "--out", str(files[r]),
                                                   "--steps", str(steps)],
-                          env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          env=machine_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for r in range(2)]
     for p in procs:
         p.wait(600)
@@ -126,7 +122,7 @@ def bench_advance(store: str, out: Path, sizes: list[int], rounds: int) -> dict[
                 procs.append((path, start_worker(
                     "chaos.bench_workers", ["advance", "--slot", str(slot), "--world", str(n), "--store", store,
                                             "--job", job, "--rounds", str(rounds), "--out", str(path)],
-                    env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+                    env=machine_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
             else:  # threads with their own store clients
                 arrivals[slot] = []
                 t = threading.Thread(target=_advance_thread, args=(store, job, slot, n, rounds, arrivals[slot]),

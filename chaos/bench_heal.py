@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from chaos.bench_recovery import summary
+from chaos.machine_env import machine_env
 from chaos.own_code import start_worker
 from ftcoord.heal import heal
 from ftcoord.state_tree import digest, flatten
@@ -141,8 +141,7 @@ def bench_heal(store: str, out: Path, reps: int) -> dict[str, Any]:
     for receivers in (1, 2):
         world = receivers + 1
         prefix, file = f"bench-heal-{uuid.uuid4().hex[:6]}", out / f"heal-{receivers}.json"
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-               "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+        env = machine_env(OMP_NUM_THREADS="1")
         procs = [start_worker("chaos.bench_heal", ["--rank", str(r), "--world", str(world), "--store", store,
                                                    "--prefix", prefix, "--reps", str(reps), "--out", str(file)],
                               env=env, stderr=subprocess.PIPE, text=True) for r in range(world)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
+from chaos.machine_env import machine_env
 from chaos.scenario import JobSpec
 from ftcoord.children_env import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
@@ -52,11 +53,9 @@ class Launchers:
                  output: Path, reference: bool = False) -> None:
         self.job, self.store, self.job_id, self.out = job, store, job_id, out
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
-        self.env = {**os.environ, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
-                    "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                    PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out),
-                    # The "nodes" share this machine: split its cores over all ranks, not per launcher.
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))}
+        self.env = machine_env(**{PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)})
+        # The "nodes" share this machine: split its cores over all ranks, not per launcher.
+        self.env.setdefault("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))
         if crash:
             self.env[CRASH_ENV] = crash
         if reference:

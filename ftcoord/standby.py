@@ -5,9 +5,10 @@ would dominate a restart. The launcher keeps one warm standby: a process that im
 the user's module (for `python -m MODULE`, its `__main__` too) at low priority and then waits. When a
 slot dies the launcher asks it for a replacement and it *forks* one, which takes its slot's
 environment and runs the user's command in-process with runpy (`python SCRIPT ARGS` and
-`python -m MODULE ARGS` are supported): a replacement is ready in milliseconds, and as many as
-faults need, at once. (A standby that became the replacement itself, as before, left the next
-fault a cold start while a new standby warmed up: the demo measured 2.6 s per recovery on 2 cores.)
+`python -m MODULE ARGS` are supported, after interpreter options such as -u, which the template
+starts with): a replacement is ready in milliseconds, and as many as faults need, at once. (A
+standby that became the replacement itself, as before, left the next fault a cold start while a new
+standby warmed up: the demo measured 2.6 s per recovery on 2 cores.)
 
 Forking is safe because the template never runs a torch op (torch's thread pools start lazily)
 and touches no accelerator; numpy's OpenBLAS, the one library that starts a thread at import,
@@ -57,24 +58,41 @@ with their own message instead of after seconds of imports."""
 STANDBY_ENV = "FTCOORD_STANDBY"  # set to "1" in a process that started as a standby
 
 
+INTERPRETER_FLAGS = frozenset("bBdOPqsuv")
+"""The interpreter's options without a value that a standby can honour, alone or joined (`-u`, `-uB`, `-OO`): each is
+set when an interpreter starts and a fork keeps it, so the standby starts with the command's options (`python -u -m
+train`: its replacements' output unbuffered, as the command's own would be). Not these: -S and -I (the standby itself
+would not find ftcoord in site-packages), -E (nor its job's variables), -i, -c, -x, -h, -V."""
+VALUED_OPTIONS = ("-X", "-W")
+"""Options that take a value, joined (`-Xfaulthandler`) or next (`-X dev`); they too are set at start and forked."""
+
+
 @dataclass(frozen=True)
 class PythonCommand:
-    """A command a standby can run in-process."""
+    """A command a standby can run in-process: `python [OPTIONS] -m MOD ARGS` or `python [OPTIONS] FILE.py ARGS`."""
 
     module: str | None
     script: str | None
     args: list[str]
+    options: tuple[str, ...] = ()
+    """The interpreter's options before the module or script (INTERPRETER_FLAGS, VALUED_OPTIONS): the standby starts
+    with them."""
 
     @classmethod
     def parse(cls, command: list[str]) -> PythonCommand | None:
-        """`python -m MOD ...` or `python FILE.py ...`; None for anything else."""
-        if len(command) < 2 or not Path(command[0]).name.startswith("python"):
-            return None
-        if command[1] == "-m" and len(command) >= 3:
-            return cls(command[2], None, command[3:])
-        if command[1].endswith(".py"):
-            return cls(None, command[1], command[2:])
-        return None
+        """The command, or None for anything a standby cannot run as the interpreter would (`unsupported` says why)."""
+        return None if unsupported(command) else cls._parse(command)
+
+    @classmethod
+    def _parse(cls, command: list[str]) -> PythonCommand:
+        options, i = [], 1
+        while command[i] != "-m" and not command[i].endswith(".py"):
+            takes_value = command[i] in VALUED_OPTIONS
+            options.extend(command[i:i + 2] if takes_value else command[i:i + 1])
+            i += 2 if takes_value else 1
+        if command[i] == "-m":
+            return cls(command[i + 1], None, command[i + 2:], tuple(options))
+        return cls(None, command[i], command[i + 1:], tuple(options))
 
     def preload(self) -> str | None:
         """Import what the command will import, without running its main.
@@ -116,7 +134,8 @@ class PythonCommand:
             else:
                 assert self.script is not None
                 sys.argv = [self.script, *self.args]
-                sys.path.insert(0, str(Path(self.script).resolve().parent))
+                if not sys.flags.safe_path:  # `python -P FILE.py` puts no script directory on the path
+                    sys.path.insert(0, str(Path(self.script).resolve().parent))
                 runpy.run_path(self.script, run_name="__main__")
         except SystemExit as exc:
             code = exc.code
@@ -146,6 +165,31 @@ def _late_imports(module: object, args: list[str]) -> tuple[str, ...]:
         raise _Refused(said[-1] if said else f"exit code {exc.code}") from None
     except Exception as exc:
         raise _Refused(f"{type(exc).__name__}: {exc}") from None
+
+
+def unsupported(command: list[str]) -> str | None:
+    """Why a standby cannot run `command` in-process (None: it can, see PythonCommand)."""
+    if not command or not Path(command[0]).name.startswith("python"):
+        return "the command does not start with a python interpreter"
+    i = 1
+    while i < len(command):
+        word = command[i]
+        if word == "-m":
+            return None if i + 1 < len(command) else "`-m` names no module"
+        if word.endswith(".py"):
+            return None
+        if word in VALUED_OPTIONS:
+            if i + 1 == len(command):
+                return f"`{word}` has no value"
+            i += 2
+            continue
+        if word.startswith(VALUED_OPTIONS) or (word.startswith("-") and len(word) > 1
+                                                and set(word[1:]) <= INTERPRETER_FLAGS):
+            i += 1
+            continue
+        return (f"`{word}` is not `-m MODULE`, a FILE.py or an interpreter option a standby can keep "
+                f"(-{' -'.join(sorted(INTERPRETER_FLAGS))}, -X, -W)")
+    return "the command names no `-m MODULE` and no FILE.py"
 
 
 STANDBY_NICE = 10
@@ -218,7 +262,7 @@ def main() -> None:
     command = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else sys.argv[1:]
     parsed = PythonCommand.parse(command)
     if parsed is None:
-        print(f"ftcoord standby: cannot run {command!r} in-process", file=sys.stderr)
+        print(f"ftcoord standby: cannot run {command!r} in-process: {unsupported(command)}", file=sys.stderr)
         sys.exit(2)
     die_with_launcher()
     # Ctrl-C reaches the whole process group: the launcher turns it into a graceful stop of the ranks;

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ftcoord.process_state import stopped, zombie_exit_code
 from ftcoord.reap import wait_killed
-from ftcoord.standby import LIFELINE_FD_ENV, NICE_ENV, READY_FD_ENV
+from ftcoord.standby import LIFELINE_FD_ENV, NICE_ENV, READY_FD_ENV, PythonCommand
 
 FORK_ANSWER_S = 2.0
 """How long the template may take to fork a replacement (milliseconds when it is well) before it forks nothing for
@@ -133,7 +133,10 @@ class WarmStandby:
     def start(cls, command: list[str], env: dict[str, str], niced: bool = True) -> WarmStandby:
         read_fd, write_fd = os.pipe()
         lifeline_read, lifeline_write = os.pipe()
-        process = subprocess.Popen([sys.executable, "-m", "ftcoord.standby", "--", *command], stdin=subprocess.PIPE,
+        parsed = PythonCommand.parse(command)  # its interpreter options are the template's: a fork keeps them
+        options = list(parsed.options) if parsed is not None else []
+        process = subprocess.Popen([sys.executable, *options, "-m", "ftcoord.standby", "--", *command],
+                                   stdin=subprocess.PIPE,
                                    pass_fds=(write_fd, lifeline_read),
                                    env={**env, READY_FD_ENV: str(write_fd), LIFELINE_FD_ENV: str(lifeline_read),
                                         NICE_ENV: "1" if niced else "0"})

@@ -34,7 +34,7 @@ from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
 from ftcoord.slot_process import SlotProcess
-from ftcoord.standby import PythonCommand
+from ftcoord.standby import PythonCommand, unsupported
 from ftcoord.standby_handle import ForkedProcess, ForkFailed
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.store import get_or_none, read_int
@@ -61,7 +61,7 @@ class Supervisor:
     def __post_init__(self, early_standby: StandbyKeeper | None) -> None:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
         if self.config.warm_standby and not PythonCommand.parse(self.config.command):
-            self._log.warning("warm_standby_disabled", reason="command is not `python -m MOD` or `python FILE.py`")
+            self._log.warning("warm_standby_disabled", reason=unsupported(self.config.command))
         self._job_restarts: JobRestarts | None = None
         if self.config.restart_policy == "job":
             self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.job_restarts)

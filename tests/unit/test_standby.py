@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -16,6 +17,7 @@ import pytest
 
 from ftcoord import env
 from ftcoord.process_state import state, stopped
+from ftcoord.standby import PythonCommand, unsupported
 from ftcoord.standby_handle import ForkedProcess, ForkFailed, WarmStandby
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
@@ -37,8 +39,10 @@ def nice_of(pid: int) -> int:
 
 def start(args: list[str], niced: bool = False, command: list[str] | None = None) -> WarmStandby:
     command = command or [sys.executable, "-m", "training"]
-    standby = WarmStandby.start([*command, *args], {**os.environ, **JOB_ENV}, niced=niced)
+    return wait_ready(WarmStandby.start([*command, *args], {**os.environ, **JOB_ENV}, niced=niced))
 
+
+def wait_ready(standby: WarmStandby) -> WarmStandby:
     def ready() -> bool:
         standby.pump()
         return standby.ready
@@ -292,3 +296,67 @@ def test_the_launcher_starts_its_standby_before_it_imports_torch(tmp_path: Path)
     pid, torch_imported = done.stdout.split()[-2:]
     assert torch_imported == "False", "the launcher imported torch before it started its standby"
     assert not Path(f"/proc/{pid}").exists(), "the released standby is still there"  # release kills and reaps it
+
+
+@pytest.mark.parametrize("command, module, script, options", [
+    (["python", "-m", "training", "--steps", "5"], "training", None, ()),
+    (["/usr/bin/python3", "train.py", "-u"], None, "train.py", ()),
+    (["python", "-u", "-m", "training"], "training", None, ("-u",)),
+    (["python3.11", "-uB", "-OO", "-X", "faulthandler", "-Wignore", "-P", "train.py", "-X"], None, "train.py",
+     ("-uB", "-OO", "-X", "faulthandler", "-Wignore", "-P")),
+])
+def test_a_command_with_interpreter_options_is_run_in_process(command: list[str], module: str | None,
+                                                              script: str | None, options: tuple[str, ...]) -> None:
+    """`python -u -m train` is how many launch scripts run a job: it had no warm standby (every replacement a cold
+    start of seconds) because only `python -m MOD` and `python FILE.py` were understood. What follows the module or
+    script is the command's own (`-u`, `-X` there are its arguments)."""
+    parsed = PythonCommand.parse(command)
+    assert parsed is not None, unsupported(command)
+    assert (parsed.module, parsed.script, parsed.options) == (module, script, options)
+    assert parsed.args == command[len(command) - len(parsed.args):]
+
+
+@pytest.mark.parametrize("command, says", [
+    (["python", "-c", "print(1)"], "`-c`"),
+    (["python", "-S", "-m", "training"], "`-S`"),  # no site-packages: the template would not find ftcoord
+    (["python", "-I", "train.py"], "`-I`"),
+    (["python", "-u"], "names no `-m MODULE`"),
+    (["python", "-X"], "`-X` has no value"),
+    (["python", "-m"], "names no module"),
+    (["torchrun", "train.py"], "does not start with a python interpreter"),
+])
+def test_a_command_a_standby_cannot_run_says_why(command: list[str], says: str) -> None:
+    assert PythonCommand.parse(command) is None
+    reason = unsupported(command)
+    assert reason is not None and says in reason, reason
+
+
+def test_a_replacement_runs_as_the_interpreter_would_with_the_commands_options(tmp_path: Path) -> None:
+    """The template starts with the command's interpreter options, and a fork keeps them: a replacement's output
+    unbuffered under -u, no script directory on its path under -P, its warnings' filters, its optimisation level,
+    faulthandler on; what the plain command sees, with and without the options."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import faulthandler, json, os, sys\n"
+        "json.dump({'stdout': type(sys.stdout.buffer).__name__, 'optimize': sys.flags.optimize,\n"
+        "           'safe_path': sys.flags.safe_path, 'warnoptions': sys.warnoptions,\n"
+        "           'faulthandler': faulthandler.is_enabled(),\n"
+        "           'script_dir_on_path': os.path.dirname(os.path.abspath(__file__)) in sys.path},\n"
+        "          open(sys.argv[1], 'w'))\n")
+    values = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # -u must be what unbuffers
+    values.update(JOB_ENV)
+    seen = {}
+    for options in ([], ["-u", "-O", "-P", "-X", "faulthandler", "-Wignore::UserWarning"]):
+        direct, forked = tmp_path / "direct.json", tmp_path / "forked.json"
+        command = [sys.executable, *options, str(script)]
+        subprocess.run([*command, str(direct)], env=values, check=True, timeout=30, stdout=subprocess.PIPE)
+        standby = wait_ready(WarmStandby.start([*command, str(forked)], values, niced=False))
+        try:
+            child = fork_now(standby, {env.SLOT_ENV: "0"})
+            assert child.wait(timeout=10) == 0
+        finally:
+            standby.close()
+        seen[bool(options)] = json.loads(forked.read_text())
+        assert seen[bool(options)] == json.loads(direct.read_text()), options
+    assert seen[True] != seen[False], "the options changed nothing the probe can see: this test proves nothing"
+    assert seen[True]["stdout"] == "FileIO" and not seen[True]["script_dir_on_path"], seen
