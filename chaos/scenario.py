@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ftcoord.errors import FatalError
+from ftcoord.config import Timing
+from ftcoord.errors import ConfigError, FatalError
 from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, TrainConfig
+from training.errors import TrainingConfigError
 
 BUNDLED = Path(__file__).parent / "scenarios"
 
@@ -166,15 +169,32 @@ def _job(table: dict[str, Any], where: str) -> JobSpec:
     _check_keys(table, names, f"{where} [job]")
     values = dict(table)
     if "nodes" in values:
-        values["nodes"] = tuple(tuple(int(s) for s in node) for node in values["nodes"])
+        values["nodes"] = _nodes(values["nodes"], values.get("nproc", JobSpec.nproc), where)
     try:
         job = JobSpec(**values)
     except TypeError as exc:
         raise ScenarioError(f"{where} [job]: {exc}") from exc
     for key, low in (("nproc", 1), ("steps", 1), ("global_batch", 1), ("ckpt_every", 1), ("spares", 0),
-                     ("warm_standby", 0), ("min_world_size", 1)):
-        if not isinstance(getattr(job, key), int) or getattr(job, key) < low:
+                     ("warm_standby", 0), ("min_world_size", 1), ("seed", 0)):
+        if not _is_int(getattr(job, key)) or getattr(job, key) < low:
             raise ScenarioError(f"{where} [job] {key} = {getattr(job, key)!r}: must be an integer >= {low}")
+    for key, low in (("step_time", 0.0), ("sample_time", 0.0), ("lr", None), ("heartbeat_interval", None),
+                     ("heartbeat_timeout", None), ("join_timeout", None), ("pg_timeout", None),
+                     ("progress_timeout", None)):
+        value = getattr(job, key)
+        if value is None and key == "progress_timeout":  # the library's own default
+            continue
+        if not _is_number(value) or (value < low if low is not None else value <= 0):
+            bound = f">= {low}" if low is not None else "> 0"
+            raise ScenarioError(f"{where} [job] {key} = {value!r}: must be a number {bound}")
+    if job.min_world_size > job.nproc:
+        raise ScenarioError(f"{where} [job] min_world_size = {job.min_world_size} is above nproc = {job.nproc}: "
+                            f"the job could never start; lower it to {job.nproc} or less")
+    try:  # what the launcher and every rank will check, checked before any process starts
+        Timing(heartbeat_interval=job.heartbeat_interval, heartbeat_timeout=job.heartbeat_timeout,
+               join_timeout=job.join_timeout)
+    except ConfigError as exc:
+        raise ScenarioError(f"{where} [job]: {exc}") from exc
     if job.global_batch % job.nproc:
         raise ScenarioError(f"{where} [job] global_batch = {job.global_batch} is not divisible by nproc = "
                             f"{job.nproc}; pick a divisor of the global batch for nproc")
@@ -192,7 +212,32 @@ def _job(table: dict[str, Any], where: str) -> JobSpec:
         if flat != list(range(job.nproc)):
             raise ScenarioError(f"{where} [job] nodes = {job.nodes}: must split the slots 0..{job.nproc - 1} "
                                 f"exactly once each")
+    try:
+        training_config(job)  # the dataset, the optimizer, ...: as every rank will parse them
+    except TrainingConfigError as exc:
+        raise ScenarioError(f"{where} [job]: {exc}") from exc
     return job
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _nodes(value: object, nproc: object, where: str) -> tuple[tuple[int, ...], ...]:
+    """`nodes`: a list of lists of slots, one list per node (`nodes = [[0, 1], [2, 3]]`)."""
+    if isinstance(value, list) and value and all(isinstance(node, list) and node and all(_is_int(s) for s in node)
+                                                 for node in value):
+        return tuple(tuple(node) for node in value)
+    example = "[[0], [1]]"
+    if _is_int(value) and _is_int(nproc) and value >= 1 and nproc % value == 0:  # type: ignore[operator]
+        per = nproc // value  # type: ignore[operator]
+        example = str([list(range(i, i + per)) for i in range(0, nproc, per)])  # type: ignore[call-overload]
+    raise ScenarioError(f"{where} [job] nodes = {value!r}: give the slots of each node, a list of lists of slot "
+                        f"numbers, e.g. nodes = {example}")
 
 
 def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
@@ -324,7 +369,11 @@ def from_dict(data: dict[str, Any], where: str = "<scenario>") -> Scenario:
         _check_keys(rnd, {"seed", "mtbf_steps"}, f"{where} [random]")
         if not isinstance(rnd.get("mtbf_steps"), (int, float)) or rnd["mtbf_steps"] <= 0:
             raise ScenarioError(f"{where} [random] mtbf_steps = {rnd.get('mtbf_steps')!r}: must be > 0")
-        faults += random_faults(job, int(rnd.get("seed", 0)), float(rnd["mtbf_steps"]))
+        seed = rnd.get("seed", 0)
+        if not _is_int(seed):
+            raise ScenarioError(f"{where} [random] seed = {seed!r}: must be an integer (a seed draws the same faults "
+                                f"every time)")
+        faults += random_faults(job, seed, float(rnd["mtbf_steps"]))
     return Scenario(data["name"], data["description"], job, tuple(sorted(faults, key=lambda f: f.step)), where)
 
 

@@ -115,6 +115,20 @@ def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_ste
         ('name = "x"\n' + GOOD_JOB, "'description' must be a non-empty string"),
         ('name = "x\n', "not valid TOML"),
         ('name = "x"\ndescription = "d"\n[job]\nmodel = "gpt"\n', "model = 'gpt': choose one of"),
+        # Each of these was accepted, or ended in a bare traceback (TypeError, ValueError) before any process started.
+        ('name = "x"\ndescription = "d"\n[job]\nnproc = 6\nglobal_batch = 12\nnodes = 3\n',
+         r"nodes = 3: give the slots of each node, .* e.g. nodes = \[\[0, 1\], \[2, 3\], \[4, 5\]\]"),
+        ('name = "x"\ndescription = "d"\n[job]\nnodes = [[0, "a"], [1]]\n', r"nodes = \[\[0, 'a'\], \[1\]\]: give"),
+        ('name = "x"\ndescription = "d"\n[job]\nstep_time = "fast"\n', "step_time = 'fast': must be a number >= 0"),
+        ('name = "x"\ndescription = "d"\n[job]\nlr = -1\n', "lr = -1: must be a number > 0"),
+        ('name = "x"\ndescription = "d"\n[job]\nheartbeat_interval = 1.0\nheartbeat_timeout = 1.5\n',
+         "heartbeat_timeout=1.5s must be at least twice heartbeat_interval=1.0s"),
+        ('name = "x"\ndescription = "d"\n[job]\ndataset = "nosuch"\n', "unknown dataset 'nosuch'"),
+        ('name = "x"\ndescription = "d"\n[job]\noptimizer = "rmsprop"\n', "'rmsprop': choose sgd or adam"),
+        ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nmin_world_size = 3\n',
+         "min_world_size = 3 is above nproc = 2: the job could never start"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[random]\nseed = "x"\nmtbf_steps = 5\n',
+         "seed = 'x': must be an integer"),
     ],
 )
 def test_bad_scenarios_are_refused_naming_the_key(text: str, message: str) -> None:
