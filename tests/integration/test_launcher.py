@@ -72,6 +72,26 @@ def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_stan
     assert standby["mono"] < launcher["mono"], (standby, launcher)
 
 
+def test_a_command_with_interpreter_options_has_its_ranks_forked_from_the_warm_standby(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """`python -u -X faulthandler -m JOB`: the launcher said warm_standby_disabled and started every rank cold (each
+    importing torch, seconds); the standby now starts with those options and forks the ranks."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "20", nproc=2,
+                  python_options=("-u", "-X", "faulthandler"))
+    run = AllreduceRun(tmp_path)
+    try:
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, out[-3000:]
+    assert not run.logs("warm_standby_disabled"), run.logs("warm_standby_disabled")
+    first = [e for e in run.events("generation") if e["generation"] == min(g["generation"] for g in
+                                                                            run.events("generation"))]
+    assert {e["slot"] for e in first} == {0, 1} and all(e["standby"] for e in first), first
+    run.assert_correct(20)
+
+
 def test_a_launcher_that_gives_up_before_its_job_starts_leaves_no_standby_behind(
     store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:
