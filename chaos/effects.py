@@ -17,7 +17,8 @@ read from the run's own ledger after the moment the fault was injected:
 | slow                                              | nothing (it must not be taken for a death)        |
 | kill-standby, pause-standby                       | the job trains on: a step is committed after it   |
 | store-restart, store-hang                         | steps are committed while the store is away       |
-|   (the job standing still behind an earlier fault) | the job trains on: a step is committed after it   |
+|   (the job standing still behind an earlier fault, | the job trains on: a step is committed after it   |
+|   or stopped by a later one before its next step)  |                                                   |
 
 A pause may be shorter than the heartbeat timeout (ridden through: nobody restarts) or longer (the
 paused member is fenced and replaced, a paused spare is simply late): either way the job must commit
@@ -25,7 +26,10 @@ steps after it, and the verdict holds it to exactly-once and the model check as 
 
 A store fault that comes while the job stands still behind an earlier fault (its members blocked on a node that stopped
 answering, say: no step is committed between that fault and this one) cannot show training through the outage; it is
-held to the job training on after it.
+held to the job training on after it. So is one cut short by a later fault that stops training (a kill, a pause, ...)
+before a step could be committed: fired within two step times of the store fault, with no step between (a kill 21 ms
+after the store went away, with steps of 38 ms: the survivors' failed collective needs the store to re-form, so
+nothing could be committed until it was back). A later fault that leaves more time than that does not excuse it.
 
 A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
 launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r. A kill-leader
@@ -35,6 +39,7 @@ changes for it, and its launcher replaces it.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from chaos.scenario import IN_RANK_ACTIONS, Scenario, ends_first
@@ -79,7 +84,7 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
             problems.append(f"planned fault {name} did not reach a live process: {event.get('note') or 'no target'}")
             continue
         effect = EFFECTS[planned.kind]
-        if effect == TRAINS_THROUGH and _standing_still(event, events, records):
+        if effect == TRAINS_THROUGH and (_standing_still(event, events, records) or _cut_short(event, events, records)):
             effect = TRAINS_ON
         if event.get("member") is False and effect != TRAINS_ON:
             effect = SPARE_REPLACED
@@ -99,6 +104,31 @@ def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records
         if not earlier.get("fired", True) or not earlier["mono"] < at:  # (`event` itself is not earlier)
             continue
         if not any(r["kind"] == "step" and earlier["mono"] < r["mono"] < at for r in records):
+            return True
+    return False
+
+
+NOT_STOPPING = ("slow", "kill-standby", "pause-standby", "store-restart", "store-hang")
+"""Faults that leave a step's path as it is: the job trains on through them (a store fault does, by design)."""
+
+
+def _cut_short(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:
+    """A fault that stops training fired within two step times after `event` (a store fault), with no step committed
+    between: the store fault had no step in which to show training through (module docstring)."""
+    at = event["mono"]
+    first_commit: dict[int, float] = {}
+    for r in records:
+        if r["kind"] == "step" and r["mono"] <= at:
+            first_commit[r["step"]] = min(r["mono"], first_commit.get(r["step"], r["mono"]))
+    recent = sorted(first_commit.values())[-21:]
+    if len(recent) < 2:
+        return False  # no step time to judge by: held to training through
+    step_s = statistics.median(b - a for a, b in zip(recent, recent[1:], strict=False))
+    for other in events:
+        if other is event or not other.get("fired", True) or other.get("kind") in NOT_STOPPING:
+            continue
+        if at <= other["mono"] < at + 2 * step_s and not any(
+                r["kind"] == "step" and at < r["mono"] < other["mono"] for r in records):
             return True
     return False
 

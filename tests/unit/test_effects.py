@@ -95,6 +95,23 @@ def test_a_store_fault_while_the_job_stands_still_is_held_to_training_on() -> No
                      "while the store is away (the step path needs no store) after it"]
 
 
+def test_a_store_fault_cut_short_by_a_kill_before_its_next_step_is_held_to_training_on() -> None:
+    """A store restart at step 230 and a kill of a member 21 ms later, steps of 38 ms (a schedule of 2026-12-02): the
+    survivors' failed collective needs the store to re-form, so no step could be committed while it was away; the run
+    was failed for it. A kill that leaves the job two step times or more with the store away excuses nothing."""
+    scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
+                                      'kind = "store-restart"\nstep = 20\nduration = 3.0'))
+    store = {"index": 0, "kind": "store-restart", "mono": 30.2, "fired": True}
+    kill = {"index": 1, "kind": "kill", "mono": 30.7, "fired": True}  # half a step time later
+    ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 10, "generation": 2} for r in steps(4, 31, 39)]
+    assert fault_problems(scenario, [store, kill], ran, []) == []
+    late = fault_problems(scenario, [store, {**kill, "mono": 32.5}], ran, [])
+    assert late == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
+                    "while the store is away (the step path needs no store) after it"]
+    slow = fault_problems(scenario, [store, {**kill, "kind": "slow"}], ran, [])  # a slow step stops nothing
+    assert slow == late
+
+
 def test_a_leader_that_was_a_hot_spare_is_held_to_its_replacement_not_to_a_new_generation(tmp_path: Path) -> None:
     """The random schedule re-seeded to 31006 (3 ranks and a spare) failed a correct run: its last kill-leader hit the
     spare, which led (a leader leads until it dies), and the members trained on in their generation to the end, as
