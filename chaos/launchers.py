@@ -84,7 +84,9 @@ class Launchers:
             self.start(node)
 
     def node_of(self, slot: int) -> Node:
-        return next(n for n in self.nodes if slot in n.slots)
+        """The node that runs `slot`; a hot spare's (a scenario's slots nproc..) is the first node's, whose launcher
+        runs the spares (a lose of a spare's slot stopped the run with a bare StopIteration)."""
+        return next((n for n in self.nodes if slot in n.slots), self.nodes[0])
 
     def standby_of(self, node: Node) -> int | None:
         """The pid of the node's warm standby (its launcher's child that runs ftcoord.standby); None when it has none

@@ -286,6 +286,35 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
     return fault
 
 
+RELAUNCHING_KINDS = ("preempt", "ckpt-crash")
+"""Faults after which the run starts every node's launcher again."""
+
+
+def _check_nodes_down(faults: tuple[Fault, ...], job: JobSpec, where: str) -> None:
+    """A replace starts a new launcher for a node that a lose, or a partition, took before it; a lose or a partition
+    needs a node that runs (not one lost for good and not replaced since). Either mistake fired at nothing, and failed
+    the run only at its end."""
+    down: dict[int, str] = {}  # node index -> "lost" (for good) or "partitioned" (healed by then, maybe)
+    slots = job.node_slots
+    for number, fault in sorted(enumerate(faults, 1), key=lambda pair: pair[1].step):
+        if fault.kind in RELAUNCHING_KINDS:
+            down.clear()
+        if fault.kind not in ("lose", "partition", "replace"):
+            continue
+        node = next((i for i, node_slots in enumerate(slots) if fault.slot in node_slots), 0)  # spares: the first
+        at = f"{where} [[faults]] #{number}: {fault.kind} of node {node} (slot {fault.slot}) at step {fault.step}"
+        if fault.kind == "replace":
+            if node not in down:
+                raise ScenarioError(f"{at}: that node is running then; a replace starts a new launcher for a node a "
+                                    f"lose or a partition took at an earlier step: plan one of them first")
+            del down[node]
+        elif down.get(node) == "lost":
+            raise ScenarioError(f"{at}: that node was lost for good at an earlier step and not replaced since; plan a "
+                                f"replace between them, or aim at another node")
+        else:
+            down[node] = "lost" if fault.kind == "lose" or fault.duration <= 0 else "partitioned"
+
+
 def ranks_kept(job: JobSpec) -> int:
     """The ranks a job holds at every step it trains: ranks are numbered densely from 0, so rank r exists whenever
     the world is larger than r. A job of several nodes trains without one of them for a while (a node lost); one
@@ -364,6 +393,7 @@ def from_dict(data: dict[str, Any], where: str = "<scenario>") -> Scenario:
             raise ScenarioError(f"{where}: '{key}' must be a non-empty string")
     job = _job(data.get("job", {}), where)
     faults = tuple(_fault(t, job, f"{where} [[faults]] #{i + 1}") for i, t in enumerate(data.get("faults", [])))
+    _check_nodes_down(faults, job, where)
     if "random" in data:
         rnd = data["random"]
         _check_keys(rnd, {"seed", "mtbf_steps"}, f"{where} [random]")

@@ -10,6 +10,7 @@ import pytest
 from chaos.scenario import IN_RANK_ACTIONS, IN_RANK_KINDS, ScenarioError, bundled_names, load, parse
 
 GOOD_JOB = "[job]\nnproc = 2\nsteps = 50\nglobal_batch = 8\n"
+NODES_JOB = GOOD_JOB + "nodes = [[0], [1]]\n"
 
 
 def test_every_bundled_scenario_loads_with_a_description() -> None:
@@ -129,6 +130,12 @@ def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_ste
          "min_world_size = 3 is above nproc = 2: the job could never start"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[random]\nseed = "x"\nmtbf_steps = 5\n',
          "seed = 'x': must be an integer"),
+        # Each fired at nothing, and failed the run only at its end.
+        ('name = "x"\ndescription = "d"\n' + NODES_JOB + '[[faults]]\nkind = "replace"\nslot = 1\nstep = 5\n',
+         r"#1: replace of node 1 \(slot 1\) at step 5: that node is running then; a replace starts a new launcher"),
+        ('name = "x"\ndescription = "d"\n' + NODES_JOB + '[[faults]]\nkind = "lose"\nslot = 1\nstep = 5\n'
+         '[[faults]]\nkind = "partition"\nslot = 1\nstep = 9\nduration = 3.0\n',
+         r"#2: partition of node 1 \(slot 1\) at step 9: that node was lost for good at an earlier step"),
     ],
 )
 def test_bad_scenarios_are_refused_naming_the_key(text: str, message: str) -> None:
@@ -176,3 +183,19 @@ def test_overlapping_pauses_of_one_process_end_with_the_last() -> None:
     finally:
         child.kill()
         child.wait(10)
+
+
+@pytest.mark.parametrize("faults", [
+    [("lose", 1, 5, 0.0), ("replace", 1, 9, 0.0)],
+    [("partition", 1, 5, 0.0), ("replace", 1, 9, 0.0), ("lose", 1, 20, 0.0), ("replace", 1, 30, 0.0)],
+    [("partition", 1, 5, 3.0), ("replace", 1, 6, 0.0)],  # replaced while it is still partitioned, maybe
+    [("partition", 1, 5, 3.0), ("partition", 1, 20, 3.0)],  # healed between the two
+    [("lose", 1, 5, 0.0), ("preempt", 0, 9, 0.0), ("lose", 1, 20, 0.0)],  # the relaunch started it again
+    [("lose", 2, 5, 0.0), ("replace", 0, 9, 0.0)],  # a hot spare's slot is the first node's
+])
+def test_node_faults_in_a_possible_order_are_accepted(faults: list[tuple[str, int, int, float]]) -> None:
+    text = 'name = "x"\ndescription = "d"\n' + NODES_JOB + "spares = 1\n"
+    for kind, slot, step, duration in faults:
+        text += f'[[faults]]\nkind = "{kind}"\nslot = {slot}\nstep = {step}\n'
+        text += f"duration = {duration}\n" if duration else ""
+    assert [f.kind for f in parse(text, "ok.toml").faults] == [kind for kind, *_ in faults]
