@@ -26,10 +26,11 @@ steps after it, and the verdict holds it to exactly-once and the model check as 
 
 A store fault that comes while the job stands still behind an earlier fault (its members blocked on a node that stopped
 answering, say: no step is committed between that fault and this one) cannot show training through the outage; it is
-held to the job training on after it. So is one cut short by a later fault that stops training (a kill, a pause, ...)
-before a step could be committed: fired within two step times of the store fault, with no step between (a kill 21 ms
-after the store went away, with steps of 38 ms: the survivors' failed collective needs the store to re-form, so
-nothing could be committed until it was back). A later fault that leaves more time than that does not excuse it.
+held to the job training on after it. So is one cut short by a later fault that stops training (a kill, a pause, a
+slow step at least as long as the outage, ...) before a step could be committed: fired within two step times of the
+store fault, with no step between (a kill 21 ms after the store went away, with steps of 38 ms: the survivors' failed
+collective needs the store to re-form, so nothing could be committed until it was back). A later fault that leaves
+more time than that does not excuse it.
 
 A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
 launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r. A kill-leader
@@ -84,7 +85,8 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
             problems.append(f"planned fault {name} did not reach a live process: {event.get('note') or 'no target'}")
             continue
         effect = EFFECTS[planned.kind]
-        if effect == TRAINS_THROUGH and (_standing_still(event, events, records) or _cut_short(event, events, records)):
+        if effect == TRAINS_THROUGH and (_standing_still(event, events, records)
+                                         or _cut_short(event, events, records, scenario)):
             effect = TRAINS_ON
         if event.get("member") is False and effect != TRAINS_ON:
             effect = SPARE_REPLACED
@@ -108,13 +110,16 @@ def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records
     return False
 
 
-NOT_STOPPING = ("slow", "kill-standby", "pause-standby", "store-restart", "store-hang")
-"""Faults that leave a step's path as it is: the job trains on through them (a store fault does, by design)."""
+NOT_STOPPING = ("kill-standby", "pause-standby", "store-restart", "store-hang")
+"""Faults that leave a step's path as it is: the job trains on through them (a store fault does, by design). A slow
+step stops it for its duration: for a store fault as long as it or longer."""
 
 
-def _cut_short(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:
+def _cut_short(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]],
+               scenario: Scenario) -> bool:
     """A fault that stops training fired within two step times after `event` (a store fault), with no step committed
     between: the store fault had no step in which to show training through (module docstring)."""
+    outage = scenario.faults[event["index"]].duration
     at = event["mono"]
     first_commit: dict[int, float] = {}
     for r in records:
@@ -126,6 +131,8 @@ def _cut_short(event: dict[str, Any], events: list[dict[str, Any]], records: lis
     step_s = statistics.median(b - a for a, b in zip(recent, recent[1:], strict=False))
     for other in events:
         if other is event or not other.get("fired", True) or other.get("kind") in NOT_STOPPING:
+            continue
+        if other.get("kind") == "slow" and scenario.faults[other["index"]].duration < outage:
             continue
         if at <= other["mono"] < at + 2 * step_s and not any(
                 r["kind"] == "step" and at < r["mono"] < other["mono"] for r in records):

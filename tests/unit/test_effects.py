@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from chaos.effects import fault_problems
 from chaos.progress import LedgerTail
 from chaos.run import hit_member
-from chaos.scenario import parse
+from chaos.scenario import Fault, parse
 
 SCENARIO = """
 name = "effects"
@@ -108,8 +109,13 @@ def test_a_store_fault_cut_short_by_a_kill_before_its_next_step_is_held_to_train
     late = fault_problems(scenario, [store, {**kill, "mono": 32.5}], ran, [])
     assert late == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
                     "while the store is away (the step path needs no store) after it"]
-    slow = fault_problems(scenario, [store, {**kill, "kind": "slow"}], ran, [])  # a slow step stops nothing
-    assert slow == late
+    slow = Fault(kind="slow", slot=1, step=30, duration=1.0)  # shorter than the outage (3 s)
+    short = fault_problems(replace(scenario, faults=(scenario.faults[0], slow)), [store, {**kill, "kind": "slow"}],
+                           ran, [])
+    assert short == late
+    long = replace(slow, duration=5.0)  # the step it slows outlasts the outage: nothing could be committed meanwhile
+    assert fault_problems(replace(scenario, faults=(scenario.faults[0], long)), [store, {**kill, "kind": "slow"}],
+                          ran, []) == []
 
 
 def test_a_leader_that_was_a_hot_spare_is_held_to_its_replacement_not_to_a_new_generation(tmp_path: Path) -> None:
