@@ -28,6 +28,16 @@ def finish(proc, timeout: float = 90) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def finished_cleanly(proc, out: Path) -> AllreduceRun:
+    """The launcher's run, once it exited 0 (killed if it did not end in time)."""
+    try:
+        code, said = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, said[-3000:]
+    return AllreduceRun(out)
+
+
 def standby_pid(run: AllreduceRun) -> int:
     """The node's warm standby, once it is ready."""
     wait_until(lambda: run.logs("standby_ready"), 30, "the standby to be ready")
@@ -77,14 +87,8 @@ def test_a_command_with_interpreter_options_has_its_ranks_forked_from_the_warm_s
 ) -> None:
     """`python -u -X faulthandler -m JOB`: the launcher said warm_standby_disabled and started every rank cold (each
     importing torch, seconds); the standby now starts with those options and forks the ranks."""
-    proc = launch(tmp_path, store_server.address, job_id, "--steps", "20", nproc=2,
-                  python_options=("-u", "-X", "faulthandler"))
-    run = AllreduceRun(tmp_path)
-    try:
-        code, out = finish(proc)
-    finally:
-        proc.kill()
-    assert code == 0, out[-3000:]
+    run = finished_cleanly(launch(tmp_path, store_server.address, job_id, "--steps", "20", nproc=2,
+                                  python_options=("-u", "-X", "faulthandler")), tmp_path)
     assert not run.logs("warm_standby_disabled"), run.logs("warm_standby_disabled")
     first = [e for e in run.events("generation") if e["generation"] == min(g["generation"] for g in
                                                                             run.events("generation"))]
@@ -622,14 +626,8 @@ def test_a_rank_hung_as_the_launcher_stops_is_fenced_and_killed_not_waited_for(
 
 
 def test_job_restart_policy_restarts_every_process(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
-    proc = launch(tmp_path, store_server.address, job_id, "--steps", "60", "--exit-at", "1:20", nproc=2,
-                  launcher_args=("--restart-policy", "job"))
-    run = AllreduceRun(tmp_path)
-    try:
-        code, out = finish(proc)
-    finally:
-        proc.kill()
-    assert code == 0, out[-3000:]
+    run = finished_cleanly(launch(tmp_path, store_server.address, job_id, "--steps", "60", "--exit-at", "1:20",
+                                  nproc=2, launcher_args=("--restart-policy", "job")), tmp_path)
     pids_by_slot = {}
     for e in run.events("generation"):
         pids_by_slot.setdefault(e["slot"], set()).add(e["pid"])
