@@ -81,18 +81,8 @@ class PythonCommand:
     @classmethod
     def parse(cls, command: list[str]) -> PythonCommand | None:
         """The command, or None for anything a standby cannot run as the interpreter would (`unsupported` says why)."""
-        return None if unsupported(command) else cls._parse(command)
-
-    @classmethod
-    def _parse(cls, command: list[str]) -> PythonCommand:
-        options, i = [], 1
-        while command[i] != "-m" and not command[i].endswith(".py"):
-            takes_value = command[i] in VALUED_OPTIONS
-            options.extend(command[i:i + 2] if takes_value else command[i:i + 1])
-            i += 2 if takes_value else 1
-        if command[i] == "-m":
-            return cls(command[i + 1], None, command[i + 2:], tuple(options))
-        return cls(None, command[i], command[i + 1:], tuple(options))
+        read = _read(command)
+        return read if isinstance(read, PythonCommand) else None
 
     def preload(self) -> str | None:
         """Import what the command will import, without running its main.
@@ -169,26 +159,35 @@ def _late_imports(module: object, args: list[str]) -> tuple[str, ...]:
 
 def unsupported(command: list[str]) -> str | None:
     """Why a standby cannot run `command` in-process (None: it can, see PythonCommand)."""
+    read = _read(command)
+    return read if isinstance(read, str) else None
+
+
+def _read(command: list[str]) -> PythonCommand | str:
+    """`command` as a PythonCommand, or why it is none: its interpreter options, then `-m MODULE` or a FILE.py."""
     if not command or not Path(command[0]).name.startswith("python"):
         return "the command does not start with a python interpreter"
-    i = 1
+    options, i = [], 1
     while i < len(command):
         word = command[i]
         if word == "-m":
-            return None if i + 1 < len(command) else "`-m` names no module"
+            if i + 1 == len(command):
+                return "`-m` names no module"
+            return PythonCommand(command[i + 1], None, command[i + 2:], tuple(options))
         if word.endswith(".py"):
-            return None
+            return PythonCommand(None, word, command[i + 1:], tuple(options))
         if word in VALUED_OPTIONS:
             if i + 1 == len(command):
                 return f"`{word}` has no value"
+            options.extend(command[i:i + 2])
             i += 2
-            continue
-        if word.startswith(VALUED_OPTIONS) or (word.startswith("-") and len(word) > 1
-                                                and set(word[1:]) <= INTERPRETER_FLAGS):
+        elif word.startswith(VALUED_OPTIONS) or (word.startswith("-") and len(word) > 1
+                                                  and set(word[1:]) <= INTERPRETER_FLAGS):
+            options.append(word)
             i += 1
-            continue
-        return (f"`{word}` is not `-m MODULE`, a FILE.py or an interpreter option a standby can keep "
-                f"(-{' -'.join(sorted(INTERPRETER_FLAGS))}, -X, -W)")
+        else:
+            return (f"`{word}` is not `-m MODULE`, a FILE.py or an interpreter option a standby can keep "
+                    f"(-{' -'.join(sorted(INTERPRETER_FLAGS))}, -X, -W)")
     return "the command names no `-m MODULE` and no FILE.py"
 
 
