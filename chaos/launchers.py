@@ -84,9 +84,9 @@ class Launchers:
             self.start(node)
 
     def node_of(self, slot: int) -> Node:
-        """The node that runs `slot`; a hot spare's (a scenario's slots nproc..) is the first node's, whose launcher
-        runs the spares (a lose of a spare's slot stopped the run with a bare StopIteration)."""
-        return next((n for n in self.nodes if slot in n.slots), self.nodes[0])
+        """The node that runs `slot` (JobSpec.node_of: a hot spare's is the first; a lose of a spare's slot stopped the
+        run with a bare StopIteration)."""
+        return self.nodes[self.job.node_of(slot)]
 
     def standby_of(self, node: Node) -> int | None:
         """The pid of the node's warm standby (its launcher's child that runs ftcoord.standby); None when it has none

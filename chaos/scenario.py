@@ -118,6 +118,11 @@ class JobSpec:
     def node_slots(self) -> list[list[int]]:
         return [list(n) for n in self.nodes] if self.nodes else [list(range(self.nproc))]
 
+    def node_of(self, slot: int) -> int:
+        """The index of the node that runs `slot`; a hot spare's (slots nproc..) is the first node's, whose launcher
+        runs the spares."""
+        return next((i for i, slots in enumerate(self.node_slots) if slot in slots), 0)
+
 
 def training_config(job: JobSpec) -> TrainConfig:
     """The training configuration every rank of this job runs (what its config hash must be)."""
@@ -295,13 +300,12 @@ def _check_nodes_down(faults: tuple[Fault, ...], job: JobSpec, where: str) -> No
     needs a node that runs (not one lost for good and not replaced since). Either mistake fired at nothing, and failed
     the run only at its end."""
     down: dict[int, str] = {}  # node index -> "lost" (for good) or "partitioned" (healed by then, maybe)
-    slots = job.node_slots
     for number, fault in sorted(enumerate(faults, 1), key=lambda pair: pair[1].step):
         if fault.kind in RELAUNCHING_KINDS:
             down.clear()
         if fault.kind not in ("lose", "partition", "replace"):
             continue
-        node = next((i for i, node_slots in enumerate(slots) if fault.slot in node_slots), 0)  # spares: the first
+        node = job.node_of(fault.slot)
         at = f"{where} [[faults]] #{number}: {fault.kind} of node {node} (slot {fault.slot}) at step {fault.step}"
         if fault.kind == "replace":
             if node not in down:
