@@ -183,15 +183,15 @@ def _job(table: dict[str, Any], where: str) -> JobSpec:
                      ("warm_standby", 0), ("min_world_size", 1), ("seed", 0)):
         if not _is_int(getattr(job, key)) or getattr(job, key) < low:
             raise ScenarioError(f"{where} [job] {key} = {getattr(job, key)!r}: must be an integer >= {low}")
-    for key, low in (("step_time", 0.0), ("sample_time", 0.0), ("lr", None), ("heartbeat_interval", None),
-                     ("heartbeat_timeout", None), ("join_timeout", None), ("pg_timeout", None),
-                     ("progress_timeout", None)):
+    for key in ("step_time", "sample_time"):
+        if not _is_number(value := getattr(job, key)) or value < 0:
+            raise ScenarioError(f"{where} [job] {key} = {value!r}: must be a number >= 0")
+    for key in ("lr", "heartbeat_interval", "heartbeat_timeout", "join_timeout", "pg_timeout", "progress_timeout"):
         value = getattr(job, key)
-        if value is None and key == "progress_timeout":  # the library's own default
+        if key == "progress_timeout" and value is None:  # the library's own default
             continue
-        if not _is_number(value) or (value < low if low is not None else value <= 0):
-            bound = f">= {low}" if low is not None else "> 0"
-            raise ScenarioError(f"{where} [job] {key} = {value!r}: must be a number {bound}")
+        if not _is_number(value) or value <= 0:
+            raise ScenarioError(f"{where} [job] {key} = {value!r}: must be a number > 0")
     if job.min_world_size > job.nproc:
         raise ScenarioError(f"{where} [job] min_world_size = {job.min_world_size} is above nproc = {job.nproc}: "
                             f"the job could never start; lower it to {job.nproc} or less")
