@@ -1,4 +1,9 @@
-"""Starting and stopping a scenario's launchers: one `ftcoord-launch` per node."""
+"""Starting and stopping a scenario's launchers: one `ftcoord-launch` per node.
+
+A run's launchers and ranks run this checkout's `ftcoord` and `training` (chaos.own_code: `python -P -m`, this checkout
+first on PYTHONPATH), wherever `chaos run` was started from: a run started in a directory that holds another
+checkout tested that one's ranks against this one's verifier.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.machine_env import machine_env
+from chaos.own_code import module_command, own_code_env
 from chaos.scenario import JobSpec
 from ftcoord.children_env import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
@@ -53,7 +58,7 @@ class Launchers:
                  output: Path, reference: bool = False) -> None:
         self.job, self.store, self.job_id, self.out = job, store, job_id, out
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
-        self.env = machine_env(**{PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)})
+        self.env = own_code_env(machine_env(**{PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)}))
         # The "nodes" share this machine: split its cores over all ranks, not per launcher.
         self.env.setdefault("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))
         if crash:
@@ -64,12 +69,13 @@ class Launchers:
 
     def command(self, node: Node) -> list[str]:
         job = self.job
-        return [sys.executable, "-m", "ftcoord.launch", "--store", self.store, "--job-id", self.job_id,
-                "--nproc", str(len(node.slots)), "--first-slot", str(node.slots[0]), "--world-size", str(job.nproc),
-                "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
-                "--restart-policy", job.restart_policy, "--max-restarts", "20", "--grace", "30",
-                "--log-dir", str(self.out / "logs"), "--", sys.executable, "-m", "training",
-                *training_args(job, self.out / "ckpt")]
+        launcher = ["--store", self.store, "--job-id", self.job_id, "--nproc", str(len(node.slots)),
+                    "--first-slot", str(node.slots[0]), "--world-size", str(job.nproc),
+                    "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
+                    "--restart-policy", job.restart_policy, "--max-restarts", "20", "--grace", "30",
+                    "--log-dir", str(self.out / "logs")]
+        return module_command("ftcoord.launch", [*launcher, "--", *module_command("training", training_args(
+            job, self.out / "ckpt"))])
 
     def start(self, node: Node) -> None:
         if node.partitioned:  # the old machine is powered off before a new one takes its place

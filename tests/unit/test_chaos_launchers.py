@@ -1,7 +1,9 @@
-"""The launchers of a chaos run (chaos.launchers): which node a scenario's slot is on."""
+"""The launchers of a chaos run (chaos.launchers): which node a scenario's slot is on, which code they and their ranks
+run."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from chaos.launchers import Launchers
 from chaos.scenario import parse
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_hot_spares_slot_is_on_the_first_node(tmp_path: Path) -> None:
@@ -21,3 +23,29 @@ def test_a_hot_spares_slot_is_on_the_first_node(tmp_path: Path) -> None:
     assert launchers.node_of(2) is launchers.nodes[0]
     assert launchers.node_of(1) is launchers.nodes[1]
     assert launchers.node_of(0) is launchers.nodes[0]
+
+
+def _decoys(root: Path) -> Path:
+    """Another checkout's `ftcoord` and `training`, whose launcher and rank say so and fail."""
+    for package, module in (("ftcoord", "launch.py"), ("training", "__main__.py")):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
+        (root / package / module).write_text(f"raise SystemExit('the other checkout\\'s {package} ran')\n")
+    return root
+
+
+def test_a_runs_launchers_and_ranks_run_this_checkout_wherever_the_run_was_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`chaos run` started in a directory that holds another checkout's `ftcoord` and `training` still tests this
+    checkout's launcher and ranks (`python -m` puts the working directory first: sabotage, the launchers' commands
+    without `-P`, runs the decoys), and their relative paths mean the run's directory."""
+    job = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\n', "x.toml").job
+    monkeypatch.chdir(_decoys(tmp_path / "other"))
+    launchers = Launchers(job, "127.0.0.1:1", "job", Path("out"), [], None, tmp_path / "launchers.out")
+    command = launchers.command(launchers.nodes[0])
+    rank = command[command.index("--") + 1:]
+    for program in (command[:command.index("ftcoord.launch") + 1], rank[:rank.index("training") + 1]):
+        done = subprocess.run([*program, "--help"], env=launchers.env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "--steps" in done.stdout or "--nproc" in done.stdout, done.stdout
+    assert "out/ckpt" in rank, rank
