@@ -181,6 +181,9 @@ class ChaosRunner:
         result.completed = result.error is None and bool(final) and all(code == 0 for code in final.values())
         if not result.completed and result.error is None:
             result.error = f"launchers exited with {final}; see {self.out / 'launchers.out'}"
+        for event, outage in zip((e for e in result.faults if e.kind == "store-restart" and e.fired),
+                                 server.outages, strict=False):
+            event.note = outage.note()  # how long the store was away: what was asked and the new server's start
         (self.out / "faults.jsonl").write_text("".join(json.dumps(e.__dict__) + "\n" for e in result.faults))
         (self.out / OUTCOME).write_text(json.dumps(
             {"completed": result.completed, "error": result.error, "timed_out": result.timed_out,
@@ -258,7 +261,7 @@ class ChaosRunner:
             if kind == "pause-standby":
                 self._pending_conts.append((time.monotonic() + fault.duration, pid))
         elif kind == "store-restart":
-            self._record(index, fault, tail, self.server.kill(fault.duration), note=f"store away {fault.duration}s")
+            self._record(index, fault, tail, self.server.kill(fault.duration))  # its note: at the run's end
         elif kind == "store-hang":
             self._record(index, fault, tail, self.server.signal(signal.SIGSTOP),
                          note=f"store stopped {fault.duration}s")

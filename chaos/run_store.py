@@ -2,6 +2,10 @@
 
 A run whose scenario faults the store runs it as its own process (`ftcoord-store`), so it can be SIGKILLed,
 started again empty on the same port, or SIGSTOPped like any server; other runs keep it in the runner.
+
+A restart's outage is the fault's `duration` and then the new server's own start (Python and torch: 1.1-1.6 s on a
+busy 2-core machine, more than a short outage asked for): each outage is timed to the new server's ready line, and
+the run's report says how long the store was away, not only how long was asked (`Outage.note`).
 """
 
 from __future__ import annotations
@@ -9,13 +13,34 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 
 from ftcoord import StoreProcess, StoreServer
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
 
 HOST = "127.0.0.1"
+
+
+@dataclass
+class Outage:
+    """One store-restart: killed at `killed_at` (monotonic), a new server asked for `down_s` later, serving at
+    `serving_at` (None until its ready line came)."""
+
+    down_s: float
+    killed_at: float
+    started_at: float | None = None
+    serving_at: float | None = None
+
+    def note(self) -> str:
+        """The fault's note in the run's report: how long the store was away, of which how long it was asked."""
+        if self.serving_at is None:
+            return f"store down {self.down_s}s asked; no new server answered before the run ended"
+        away = self.serving_at - self.killed_at
+        start = self.serving_at - (self.started_at or self.serving_at)
+        return f"store away {away:.2f}s ({self.down_s}s down, then {start:.2f}s for the new server to start)"
 
 
 class RunStore:
@@ -34,6 +59,7 @@ class RunStore:
             self.address = self._server.address
         self.port = int(self.address.rsplit(":", 1)[1])
         self.restarts = 0
+        self.outages: list[Outage] = []
         self._restart_due: float | None = None
 
     @property
@@ -51,7 +77,9 @@ class RunStore:
         pid = self._process.pid
         self._process.kill()
         wait_killed(self._process)
-        self._restart_due = time.monotonic() + down_s
+        killed = time.monotonic()
+        self._restart_due = killed + down_s
+        self.outages.append(Outage(down_s, killed))
         self._log.warning("store_killed", pid=pid, down_s=down_s)
         return pid
 
@@ -66,10 +94,24 @@ class RunStore:
         if self._restart_due is None or now < self._restart_due:
             return
         self._restart_due = None
+        outage = self.outages[-1]
+        outage.started_at = time.monotonic()
         self._process = subprocess.Popen([sys.executable, "-m", "ftcoord.store_main", "--host", HOST,
-                                          "--port", str(self.port), "--quiet"], stdout=subprocess.DEVNULL)
+                                          "--port", str(self.port), "--quiet"], stdout=subprocess.PIPE)
         self.restarts += 1
         self._log.warning("store_started_again", pid=self._process.pid, port=self.port, restarts=self.restarts)
+        threading.Thread(target=self._await_ready, args=(self._process, outage), daemon=True,
+                         name="chaos-store-ready").start()
+
+    def _await_ready(self, process: subprocess.Popen[bytes], outage: Outage) -> None:
+        """Time the new server's ready line (ftcoord-store prints it once it serves), then drain its stdout."""
+        assert process.stdout is not None
+        if process.stdout.readline():
+            outage.serving_at = now = time.monotonic()
+            self._log.info("store_serving_again", pid=process.pid, away_s=round(now - outage.killed_at, 3),
+                           start_s=round(now - (outage.started_at or now), 3))
+        for _ in process.stdout:
+            pass
 
     def close(self) -> None:
         if self._server is not None:
