@@ -53,8 +53,10 @@ def goodput(records: list[dict[str, Any]], steps: int) -> float:
 
 def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], logs: Path,
                   target_world_size: int) -> list[dict[str, Any]]:
-    """Per fault: detection (→ generation interrupted) and recovery (→ next committed step
-    in a newer generation; and back at the target world size).
+    """Per fault: detection (→ generation interrupted; under restart_policy job, → the launcher's whole-job restart,
+    which stops every process before any of them interrupts a generation: the next generation's forming, 3 s later,
+    was called the detection) and recovery (→ next committed step in a newer generation; and back at the target world
+    size).
 
     A detection belongs to a fault only when it came before the next fault of a later step (faults of
     one step are one incident): a pause ridden through has neither detection nor recovery, nor has a fault of the
@@ -67,7 +69,7 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
     spare leads) and ended no generation has nothing to recover from either: a generation that changes after it is a
     later fault's (seen: a spare leader paused, then killed, 0.2 s before a stuck rank, each timed at the stuck rank's
     25 s). A fault with nothing to recover from says why in its note, which the report shows beside the None."""
-    interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead"))
+    interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead", "job_restart"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
     for fault in faults:

@@ -82,3 +82,16 @@ def test_a_fault_that_hit_a_hot_spare_has_nothing_to_recover_from(tmp_path: Path
     assert kill["detect_s"] is None and kill["recover_s"] is None and kill["full_recover_s"] is None, kill
     assert "hot spare" in kill["note"]
     assert hung["recover_s"] == 24.92
+
+
+def test_a_whole_job_restart_is_the_detection_under_the_job_policy(tmp_path: Path) -> None:
+    """restart_policy job: the launcher that saw the death restarts every process before any of them interrupts a
+    generation, so the first interrupt is the next generation's, once the new processes started (seen: a kill-boundary
+    "detected" in 3.2 s; the launcher restarted the job 25 ms after it). Sabotage: job_restart not read fails it."""
+    killed = {"kind": "kill-boundary", "slot": 1, "step": 120, "mono": 100.0, "pid": 10, "generation": 3}
+    (tmp_path / "launcher.jsonl").write_text(json.dumps({"event": "job_restart", "mono": 100.025, "number": 2}) + "\n")
+    (tmp_path / "slot2.jsonl").write_text(json.dumps(
+        {"event": "generation_interrupted", "mono": 103.2, "generation": 3, "reason": "gone:slot=0"}) + "\n")
+    steps = [_step(99.9, 3, pid) for pid in (10, 11, 12)] + [_step(103.7, 4, pid) for pid in (20, 21, 22)]
+    (timed,) = fault_timings([killed], steps, tmp_path, target_world_size=3)
+    assert timed["detect_s"] == 0.025 and timed["recover_s"] == 3.7, timed
