@@ -83,11 +83,13 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
         if detect is None and fault.get("member") is False:  # a hot spare hit: the members trained on
             recover = full = None
             note = _noted(note, "it hit a hot spare: nothing to recover from")
-        elif detect is None and fault["kind"] in _RIDDEN_THROUGH:
+        elif fault["kind"] in (*STORE_KINDS, *STANDBY_KINDS) or (detect is None and fault["kind"] in _RIDDEN_THROUGH):
+            # a store or standby fault ends no generation: one that ends with it is another fault's of the same step
+            # (a kill-follower 0.5 s into a store-hang, fired once the store answered: the hang was given its 3 s)
             if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
                 note = _noted(note, "no interrupt of its own: the re-form under way when it paused left it out")
             else:  # ridden through: nothing to recover from, and the report says why rather than a bare None
-                recover = full = None
+                detect = recover = full = None
                 note = _noted(note, _RIDDEN_THROUGH[fault["kind"]])
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),

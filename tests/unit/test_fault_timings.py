@@ -95,3 +95,18 @@ def test_a_whole_job_restart_is_the_detection_under_the_job_policy(tmp_path: Pat
     steps = [_step(99.9, 3, pid) for pid in (10, 11, 12)] + [_step(103.7, 4, pid) for pid in (20, 21, 22)]
     (timed,) = fault_timings([killed], steps, tmp_path, target_world_size=3)
     assert timed["detect_s"] == 0.025 and timed["recover_s"] == 3.7, timed
+
+
+def test_a_store_fault_is_not_given_the_detection_of_a_fault_of_its_step(tmp_path: Path) -> None:
+    """A store-hang of 3 s and a kill-follower 0.5 s into it, at the same step (so in one window): the runner fires the
+    kill once the store answers, and the hang was timed at the kill's interrupt, 3 s, as if a store fault had ended
+    a generation. Sabotage: store faults timed like any other fails it."""
+    hung = {"kind": "store-hang", "slot": 0, "step": 120, "mono": 100.0, "pid": 5, "generation": 2}
+    killed = {"kind": "kill-follower", "slot": 1, "step": 120, "mono": 103.0, "pid": 11, "generation": 2}
+    (tmp_path / "slot0.jsonl").write_text(json.dumps(
+        {"event": "generation_interrupted", "mono": 103.02, "generation": 2, "reason": "exception:slot=0"}) + "\n")
+    steps = [_step(102.9, 2, pid) for pid in (10, 11)] + [_step(103.2, 3, pid) for pid in (10, 20)]
+    hang, kill = fault_timings([hung, killed], steps, tmp_path, target_world_size=2)
+    assert hang["detect_s"] is None and hang["recover_s"] is None and hang["full_recover_s"] is None, hang
+    assert "a store fault ends no generation" in hang["note"], hang
+    assert kill["detect_s"] == 0.02 and kill["recover_s"] == 0.2, kill
