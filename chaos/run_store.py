@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
+from chaos.own_code import start_worker
 from ftcoord import StoreProcess, StoreServer
 from ftcoord.log import get_logger
 from ftcoord.reap import wait_killed
@@ -96,8 +96,8 @@ class RunStore:
         self._restart_due = None
         outage = self.outages[-1]
         outage.started_at = time.monotonic()
-        self._process = subprocess.Popen([sys.executable, "-m", "ftcoord.store_main", "--host", HOST,
-                                          "--port", str(self.port), "--quiet"], stdout=subprocess.PIPE)
+        self._process = start_worker("ftcoord.store_main", ["--host", HOST, "--port", str(self.port), "--quiet"],
+                                     stdout=subprocess.PIPE)
         self.restarts += 1
         self._log.warning("store_started_again", pid=self._process.pid, port=self.port, restarts=self.restarts)
         threading.Thread(target=self._await_ready, args=(self._process, outage), daemon=True,

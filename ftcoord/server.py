@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +18,7 @@ import torch.distributed as dist
 
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import StoreUnavailable
+from ftcoord.interpreter import module_command
 from ftcoord.listen import bind_listen_socket
 from ftcoord.reap import wait_killed
 
@@ -68,7 +68,7 @@ class StoreProcess:
         the kernel's scheduler (autogroups) shares the CPU between it and the caller's session as between two
         hosts, not between its one thread and every thread of the caller's (chaos bench --scale)."""
         process = subprocess.Popen(
-            [sys.executable, "-m", "ftcoord.store_main", "--host", host, "--port", str(port), "--quiet"],
+            module_command("ftcoord.store_main", "--host", host, "--port", str(port), "--quiet"),
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=own_session,

@@ -28,7 +28,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 
 from ftcoord import scratch
 from ftcoord.env import LAUNCHER_PID_ENV, SLOT_ENV
+from ftcoord.interpreter import module_command
 from training.checkpoint import atomic, shm
 from training.checkpoint.base import CheckpointStrategy, Loaded, SaveStats, load_latest
 from training.errors import CheckpointFailed
@@ -108,8 +108,8 @@ class FlashCheckpoint(CheckpointStrategy):
 
     def _spawn_persister(self) -> None:
         self._persister = subprocess.Popen(
-            [sys.executable, "-m", "training.checkpoint.persister", "--shm", str(self.directory),
-             "--root", str(self.root), "--keep", str(self.keep), "--owner-pid", str(os.getpid())],
+            module_command("training.checkpoint.persister", "--shm", str(self.directory), "--root", str(self.root),
+                           "--keep", str(self.keep), "--owner-pid", str(os.getpid())),
             start_new_session=True,  # outlives this process: an in-flight persist still lands
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # holds no pipe of ours open
             stderr=open(self.directory / "persister.err", "ab"),  # noqa: SIM115 - the child owns it

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import queue
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
+from ftcoord.interpreter import module_command
 from training.checkpoint.base import CheckpointStrategy, SaveStats
 from training.errors import CheckpointFailed
 from training.state import TrainState, serialize
@@ -30,7 +30,7 @@ class OverlappedCheckpoint(CheckpointStrategy):
         super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures)
         self.root.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "training.checkpoint.writer", "--root", str(self.root), "--keep", str(keep)],
+            module_command("training.checkpoint.writer", "--root", str(self.root), "--keep", str(keep)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         self._slots = threading.Semaphore(max_inflight)
