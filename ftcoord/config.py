@@ -73,8 +73,20 @@ class Timing:
         """A member whose training thread made no progress (no step, no ping) for this long while its
         heartbeat thread runs, and that is not waiting on its peers, is stuck: fenced and replaced (the
         culprit rule, ftcoord.leader). 12 heartbeat timeouts: 60 s at the defaults. A step, a checkpoint
-        save or a first compile that takes longer needs a larger `progress_timeout` (math.inf: never)."""
+        save or a first compile that takes longer needs a larger `progress_timeout` (math.inf: never). A job whose
+        collectives time out (gloo's pg_timeout) takes `progress_timeout_below` of it."""
         return 12 * self.heartbeat_timeout
+
+    def progress_timeout_below(self, pg_timeout: float) -> float:
+        """The default progress timeout of a job whose collectives time out after `pg_timeout` seconds:
+        default_progress_timeout, and at most three quarters of pg_timeout. A member stuck in its step is then fenced
+        as the culprit (its launcher kills it, its peers' collective fails at once: one generation change, its slot
+        replaced) before gloo times its peers out. At the defaults both were 60 s, and gloo often came first: every
+        peer raised, the stuck process, alive, was awaited join_timeout and left out, and its slot stood empty until
+        it was fenced as an outsider, another progress_timeout later (random schedule seed 33042 at the default
+        timing: 63 s and a spare's seat where 45 s and a replacement). Anything that takes longer than pg_timeout
+        while its peers wait in a collective fails them anyway."""
+        return min(self.default_progress_timeout, 0.75 * pg_timeout)
 
     @property
     def store_op_timeout(self) -> float:

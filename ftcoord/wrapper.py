@@ -16,6 +16,7 @@ ftcoord-launch's warm standby can ask it to (see ftcoord.standby).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import sys
@@ -120,7 +121,14 @@ class Wrapper:
         if progress_timeout is not None and progress_timeout <= self.timing.heartbeat_interval:
             raise FtcoordError(f"progress_timeout={progress_timeout}s must exceed heartbeat_interval="
                                f"{self.timing.heartbeat_interval}s")
-        self.progress_timeout = progress_timeout
+        if progress_timeout is not None and math.isfinite(progress_timeout) and progress_timeout >= pg_timeout:
+            # Allowed, but a stuck member then costs its slot for a while (Timing.progress_timeout_below)
+            log.get_logger(component="wrapper").warning(
+                "progress_timeout_not_below_pg_timeout", progress_timeout=progress_timeout, pg_timeout=pg_timeout,
+                effect="a member stuck in its step is ended by its peers' collective timeout, not fenced and replaced",
+                what_to_do="set progress_timeout below pg_timeout (or leave it unset: 3/4 of pg_timeout at most)")
+        self.progress_timeout = (self.timing.progress_timeout_below(pg_timeout) if progress_timeout is None
+                                 else progress_timeout)
         if max_restarts < 0:
             raise FtcoordError(f"max_restarts={max_restarts} must be >= 0")
         self.max_restarts = max_restarts

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
-from ftcoord import ConfigError, QuorumPolicy, Timing
+from ftcoord import ConfigError, QuorumPolicy, Timing, Wrapper
 
 
 def test_defaults_are_consistent() -> None:
@@ -54,3 +55,18 @@ def test_quorum_policy_refuses_a_launch_whose_world_size_does_not_divide_the_glo
 def test_quorum_policy_refuses_inconsistent_sizes(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         QuorumPolicy(**kwargs)
+
+
+def test_the_default_progress_timeout_stays_below_the_collectives_timeout() -> None:
+    """A stuck rank is fenced as the culprit before gloo times its peers out (Timing.progress_timeout_below): 45 s
+    at the library's defaults, where both were 60 s; 12 heartbeat timeouts when that is shorter. One set by hand
+    is kept, and one not below pg_timeout is warned about, with what to do."""
+    assert Timing().progress_timeout_below(60.0) == 45.0
+    assert Timing(heartbeat_interval=0.2, heartbeat_timeout=2.0).progress_timeout_below(60.0) == 24.0
+    assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1).progress_timeout == 45.0
+    assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1, pg_timeout=8.0).progress_timeout == 6.0
+    with capture_logs() as logs:
+        kept = Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1, progress_timeout=90.0).progress_timeout
+    assert kept == 90.0
+    (warning,) = [e for e in logs if e["event"] == "progress_timeout_not_below_pg_timeout"]
+    assert warning["pg_timeout"] == 60.0 and "below pg_timeout" in warning["what_to_do"], warning
