@@ -79,14 +79,16 @@ class Timing:
 
     def progress_timeout_below(self, pg_timeout: float) -> float:
         """The default progress timeout of a job whose collectives time out after `pg_timeout` seconds:
-        default_progress_timeout, and at most three quarters of pg_timeout. A member stuck in its step is then fenced
+        default_progress_timeout, and at most two thirds of pg_timeout. A member stuck in its step is then fenced
         as the culprit (its launcher kills it, its peers' collective fails at once: one generation change, its slot
-        replaced) before gloo times its peers out. At the defaults both were 60 s, and gloo often came first: every
-        peer raised, the stuck process, alive, was awaited join_timeout and left out, and its slot stood empty until
-        it was fenced as an outsider, another progress_timeout later (random schedule seed 33042 at the default
-        timing: 63 s and a spare's seat where 45 s and a replacement). Anything that takes longer than pg_timeout
-        while its peers wait in a collective fails them anyway."""
-        return min(self.default_progress_timeout, 0.75 * pg_timeout)
+        replaced) before gloo times its peers out: the leader sees its stillness up to a publish interval late
+        (ftcoord.participant._publish_every: 10 heartbeat intervals, a quarter of this timeout at most), and the
+        fence takes a tick and the launcher's poll, all within the third left. At the defaults both were 60 s, and
+        gloo often came first: every peer raised, the stuck process, alive, was awaited join_timeout and left out,
+        and its slot stood empty until it was fenced as an outsider, another progress_timeout later (random schedule
+        seed 33042 at the default timing: 63 s and a spare's seat where 44 s and a replacement). Anything that takes
+        longer than pg_timeout while its peers wait in a collective fails them anyway."""
+        return min(self.default_progress_timeout, 2 * pg_timeout / 3)
 
     @property
     def store_op_timeout(self) -> float:

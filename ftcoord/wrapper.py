@@ -126,7 +126,7 @@ class Wrapper:
             log.get_logger(component="wrapper").warning(
                 "progress_timeout_not_below_pg_timeout", progress_timeout=progress_timeout, pg_timeout=pg_timeout,
                 effect="a member stuck in its step is ended by its peers' collective timeout, not fenced and replaced",
-                what_to_do="set progress_timeout below pg_timeout (or leave it unset: 3/4 of pg_timeout at most)")
+                what_to_do="set progress_timeout below pg_timeout (or leave it unset: 2/3 of pg_timeout at most)")
         self.progress_timeout = (self.timing.progress_timeout_below(pg_timeout) if progress_timeout is None
                                  else progress_timeout)
         if max_restarts < 0:

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-timeout", type=arguments.seconds_or_off, default=None,
                    help="a rank whose training thread made no step for this long while its heartbeat runs (and "
                         "that is not waiting on its peers) is stuck: fenced and replaced. Default: 12 heartbeat "
-                        "timeouts and at most 3/4 of --pg-timeout (45 s); 'off' never. Raise it above your longest "
+                        "timeouts and at most 2/3 of --pg-timeout (40 s); 'off' never. Raise it above your longest "
                         "step or checkpoint save")
     p.add_argument("--pg-timeout", type=arguments.positive_float, default=60.0,
                    help="process-group (collective) timeout, seconds")

@@ -61,13 +61,13 @@ def test_quorum_policy_refuses_inconsistent_sizes(kwargs: dict, message: str) ->
 
 
 def test_the_default_progress_timeout_stays_below_the_collectives_timeout() -> None:
-    """A stuck rank is fenced as the culprit before gloo times its peers out (Timing.progress_timeout_below): 45 s
+    """A stuck rank is fenced as the culprit before gloo times its peers out (Timing.progress_timeout_below): 40 s
     at the library's defaults, where both were 60 s; 12 heartbeat timeouts when that is shorter. One set by hand
     is kept, and one not below pg_timeout is warned about, with what to do."""
-    assert Timing().progress_timeout_below(60.0) == 45.0
+    assert Timing().progress_timeout_below(60.0) == 40.0
     assert Timing(heartbeat_interval=0.2, heartbeat_timeout=2.0).progress_timeout_below(60.0) == 24.0
-    assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1).progress_timeout == 45.0
-    assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1, pg_timeout=8.0).progress_timeout == 6.0
+    assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1).progress_timeout == 40.0
+    assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1, pg_timeout=9.0).progress_timeout == 6.0
     saved = structlog.get_config()  # an earlier test may have kept warnings out (chaos run's level is "error")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     try:
