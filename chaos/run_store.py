@@ -34,13 +34,22 @@ class Outage:
     started_at: float | None = None
     serving_at: float | None = None
 
+    @property
+    def away_s(self) -> float | None:
+        """Kill to the new server's ready line; None until it came."""
+        return None if self.serving_at is None else self.serving_at - self.killed_at
+
+    @property
+    def start_s(self) -> float | None:
+        """The new server's own start, spawn to ready line; None until it came."""
+        return None if self.serving_at is None or self.started_at is None else self.serving_at - self.started_at
+
     def note(self) -> str:
         """The fault's note in the run's report: how long the store was away, of which how long it was asked."""
-        if self.serving_at is None:
+        if self.away_s is None or self.start_s is None:
             return f"store down {self.down_s}s asked; no new server answered before the run ended"
-        away = self.serving_at - self.killed_at
-        start = self.serving_at - (self.started_at or self.serving_at)
-        return f"store away {away:.2f}s ({self.down_s}s down, then {start:.2f}s for the new server to start)"
+        return (f"store away {self.away_s:.2f}s ({self.down_s}s down, then {self.start_s:.2f}s for the new server "
+                "to start)")
 
 
 class RunStore:
@@ -107,9 +116,9 @@ class RunStore:
         """Time the new server's ready line (ftcoord-store prints it once it serves), then drain its stdout."""
         assert process.stdout is not None
         if process.stdout.readline():
-            outage.serving_at = now = time.monotonic()
-            self._log.info("store_serving_again", pid=process.pid, away_s=round(now - outage.killed_at, 3),
-                           start_s=round(now - (outage.started_at or now), 3))
+            outage.serving_at = time.monotonic()
+            self._log.info("store_serving_again", pid=process.pid, away_s=round(outage.away_s or 0.0, 3),
+                           start_s=round(outage.start_s or 0.0, 3))
         for _ in process.stdout:
             pass
 
