@@ -10,6 +10,7 @@ import pytest
 
 from chaos.launchers import Launchers
 from chaos.scenario import parse
+from tests.helpers.decoy import decoy_checkout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,22 +26,13 @@ def test_a_hot_spares_slot_is_on_the_first_node(tmp_path: Path) -> None:
     assert launchers.node_of(0) is launchers.nodes[0]
 
 
-def _decoys(root: Path) -> Path:
-    """Another checkout's `ftcoord` and `training`, whose launcher and rank say so and fail."""
-    for package, module in (("ftcoord", "launch.py"), ("training", "__main__.py")):
-        (root / package).mkdir(parents=True)
-        (root / package / "__init__.py").write_text("")
-        (root / package / module).write_text(f"raise SystemExit('the other checkout\\'s {package} ran')\n")
-    return root
-
-
 def test_a_runs_launchers_and_ranks_run_this_checkout_wherever_the_run_was_started(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`chaos run` started in a directory that holds another checkout's `ftcoord` and `training` still tests this
     checkout's launcher and ranks (`python -m` puts the working directory first: sabotage, the launchers' commands
     without `-P`, runs the decoys), and their relative paths mean the run's directory."""
     job = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\n', "x.toml").job
-    monkeypatch.chdir(_decoys(tmp_path / "other"))
+    monkeypatch.chdir(decoy_checkout(tmp_path / "other", "ftcoord.launch", "training.__main__"))
     launchers = Launchers(job, "127.0.0.1:1", "job", Path("out"), [], None, tmp_path / "launchers.out")
     command = launchers.command(launchers.nodes[0])
     rank = command[command.index("--") + 1:]

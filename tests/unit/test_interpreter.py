@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.decoy import decoy_checkout
 from training.checkpoint import atomic
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,23 +33,12 @@ print("saved", flush=True)
 """
 
 
-def _decoy(root: Path) -> Path:
-    """Another checkout's `training`, whose checkpoint writer and persister say so and fail."""
-    package = root / "training" / "checkpoint"
-    package.mkdir(parents=True)
-    (root / "training" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    for helper in ("writer", "persister"):
-        (package / f"{helper}.py").write_text(f"raise SystemExit('the other checkout\\'s {helper} ran')\n")
-    return root
-
-
 @pytest.mark.parametrize("strategy", ["overlapped", "flash"])
 def test_a_checkpoint_helper_runs_the_trainers_code_wherever_the_trainer_runs(strategy: str, tmp_path: Path) -> None:
     """`python -m` puts the working directory first: a trainer started with `-P` (as `chaos run` starts its ranks)
     in a directory holding another checkout started that checkout's writer (sabotage: the helpers started with a plain
     `-m` fail this with the decoy's message, or a save that never lands)."""
-    decoy = _decoy(tmp_path / "other")
+    decoy = decoy_checkout(tmp_path / "other", "training.checkpoint.writer", "training.checkpoint.persister")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-P", "-c", SAVE, strategy, str(tmp_path / "ckpt")], cwd=decoy, env=env,
                           capture_output=True, text=True, timeout=100)

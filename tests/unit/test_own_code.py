@@ -11,15 +11,7 @@ from pathlib import Path
 import pytest
 
 from chaos.own_code import start_worker
-
-
-def _decoy(root: Path) -> Path:
-    """Another checkout's `chaos`, whose scale worker says so and fails."""
-    decoy = root / "chaos"
-    decoy.mkdir(parents=True)
-    (decoy / "__init__.py").write_text("")
-    (decoy / "scale_worker_events.py").write_text("raise SystemExit('the other checkout\\'s worker ran')\n")
-    return root
+from tests.helpers.decoy import decoy_checkout
 
 
 @pytest.mark.parametrize("where", ["working directory", "PYTHONPATH"])
@@ -29,7 +21,7 @@ def test_a_worker_runs_the_drivers_code_wherever_the_driver_was_started(
     first, ahead of PYTHONPATH: an A/B run of two versions started from one checkout timed the same code in both
     arms) nor one named on PYTHONPATH (sabotage: `-m` without `-P` fails the first, PYTHONPATH left as it was the
     second)."""
-    other = _decoy(tmp_path / "other")
+    other = decoy_checkout(tmp_path / "other", "chaos.scale_worker_events")
     if where == "working directory":
         monkeypatch.chdir(other)
     else:
