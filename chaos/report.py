@@ -81,6 +81,7 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
         "replayed_steps": verdict.replayed_steps,
         "faults": fault_timings(faults, records, logs, job.nproc),
         "incidents": incidents(logs),
+        "still_threads": still_threads(logs),
         "checkpoint": {"strategy": job.ckpt_strategy, "saves": len(checkpoints),
                        "stall_s_total": round(sum(c["stall_s"] for c in checkpoints), 4)},
         "divergence": drift,
@@ -96,6 +97,15 @@ def incidents(logs: Path) -> list[dict[str, Any]]:
     """What each generation change cost, as its witness measured it (ftcoord.slot_report): the numbers
     `ftcoord status` and the launcher's metrics show for the same faults."""
     return [{k: e.get(k) for k in INCIDENT_FIELDS} for e in read_logs(logs, ("generation_changed",))]
+
+
+STILL_FIELDS = ("slot", "incarnation", "pid", "step", "still_s", "at")
+
+
+def still_threads(logs: Path) -> list[dict[str, Any]]:
+    """Where each training thread that stood still without waiting on its peers stood (ftcoord.still_stack): the
+    first thing to read about a rank fenced as hung. The whole stack is in the rank's log."""
+    return [{k: e.get(k) for k in STILL_FIELDS} for e in read_logs(logs, ("training_thread_still",))]
 
 
 def write_report(run_dir: Path, report: dict[str, Any], ref_dir: Path) -> None:
@@ -148,6 +158,13 @@ def markdown(report: dict[str, Any]) -> str:
     for i in report.get("incidents", []):
         lines.append(f"| {i['generation']} | {i['cause']} | {i['detect_s']} | {i['stall_s']} | {i['lost_steps']} | "
                      f"{i['cost_s']} |")
+    if report.get("still_threads"):
+        lines += ["", "## Training threads that stood still (not waiting on their peers; the stack is in the rank's "
+                  "log: `training_thread_still`)", "",
+                  "| slot | incarnation | pid | step | still (s) | at |", "|---|---|---|---|---|---|"]
+        for t in report["still_threads"]:
+            lines.append(f"| {t['slot']} | {t['incarnation']} | {t['pid']} | {t['step']} | {t['still_s']} | "
+                         f"`{t['at']}` |")
     d = report["divergence"]
     lines += ["", "## Divergence from the reference", "",
               f"parameter L2 {d['param_l2']}, loss max diff {d['loss_max_diff']}, mean diff {d['loss_mean_diff']}, "

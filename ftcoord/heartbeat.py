@@ -21,13 +21,10 @@ import torch.distributed as dist
 from ftcoord import jobs, keys
 from ftcoord.log import get_logger
 from ftcoord.slot_report import SlotReport
+from ftcoord.still_stack import StillStack, waits_on_peers
 from ftcoord.store import raise_to
 
-# Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a
-# generation, or finished and waiting for the others to finish).
 _STOP_WAIT_S = 2.0  # how long `stop` waits for a beat in flight
-
-WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/ftcoord/generation.py")
 
 
 class Heartbeat:
@@ -47,11 +44,12 @@ class Heartbeat:
     def __init__(self, store: dist.Store, slot: int, interval: float, report: SlotReport | None = None,
                  publish_every: float | None = None,
                  before_beat: Callable[[dist.Store], None] | None = None,
-                 tell_watch: Callable[[], None] = lambda: None) -> None:
+                 tell_watch: Callable[[], None] = lambda: None, still_stack: StillStack | None = None) -> None:
         """`publish_every`: how stale published progress and status may be (default: 10 intervals); the
         leader's stuck-rank judgement needs it well below the progress timeout. `before_beat(store)`: run
         in this thread, on its client, before each beat (the monitor carries a local stop request).
-        `tell_watch()`: called once this thread failed (ftcoord.watchdog)."""
+        `tell_watch()`: called once this thread failed (ftcoord.watchdog). `still_stack`: logs where a training
+        thread that stood still stands (ftcoord.still_stack); None: nobody looks."""
         self._store = store
         self.report = report
         self._published_status = ""
@@ -65,7 +63,9 @@ class Heartbeat:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._progress = 0
-        self._training_thread: int | None = None
+        self._training_thread: int | None = None  # the thread that pings
+        self._joining_thread: int | None = None  # the thread that joins generations: the training thread too
+        self._still_stack = still_stack
         self._published_progress = ""
         self._progress_at_beat = -1
         self._still_since = time.monotonic()  # when a beat last saw the progress counter move
@@ -91,6 +91,8 @@ class Heartbeat:
         now = time.monotonic()
         if self._progress != self._progress_at_beat:
             self._still_since = now
+            if self._still_stack is not None:
+                self._still_stack.moved()
         # Only a training thread whose progress stood still may be waiting on its peers, and the leader asks only
         # about one that stood still for progress_timeout: it is looked at once still for publish_every (at most a
         # quarter of that timeout), at every beat from then on. Looking costs a snapshot of every thread's frame,
@@ -102,6 +104,9 @@ class Heartbeat:
         # With the step last committed in this generation: the leader compares still members by it, never by this
         # process's count of pings (a replacement's starts at 0: ftcoord.judgement.Judge.hung_members).
         step = self.report.step_in_generation() if self.report is not None else -1
+        if self._still_stack is not None and self._still_stack.due():
+            thread = self._training_thread or self._joining_thread
+            self._still_stack.look(frame_of(thread) if thread is not None else None, step)
         counted = f"{self._progress}/{step}" if step >= 0 else str(self._progress)
         progress = f"{counted}:w" if waiting else counted
         if progress != self._published_progress and (
@@ -143,23 +148,15 @@ class Heartbeat:
         self._progress += 1
         self._training_thread = threading.get_ident()
 
-    def _waiting_on_peers(self) -> bool:
-        """Is the training thread inside torch.distributed / autograd (waiting on peers)?
+    def joined(self) -> None:
+        """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.still_stack)."""
+        self._joining_thread = threading.get_ident()
+        if self._still_stack is not None:
+            self._still_stack.moved()
 
-        When one rank is stuck, its peers block in the next collective and stop pinging
-        too; this flag tells the leader which of the silent ranks is the culprit.
-        """
-        if self._training_thread is None:
-            return False
-        frame = frame_of(self._training_thread)
-        for _ in range(4):
-            if frame is None:
-                return False
-            name = frame.f_code.co_filename.replace("\\", "/")
-            if any(part in name for part in WAITING_MODULES):
-                return True
-            frame = frame.f_back
-        return False
+    def _waiting_on_peers(self) -> bool:
+        """Is the training thread inside torch.distributed / autograd (waiting on peers: ftcoord.still_stack)?"""
+        return self._training_thread is not None and waits_on_peers(frame_of(self._training_thread))
 
     def _run(self) -> None:
         """Beat every interval, and at once when asked (`beat_now`)."""

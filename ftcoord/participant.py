@@ -20,6 +20,7 @@ from ftcoord.monitor import InterruptMonitor
 from ftcoord.record import GenerationRecord
 from ftcoord.slot_report import SlotReport
 from ftcoord.slots import register, superseded_by
+from ftcoord.still_stack import StillStack
 from ftcoord.store_link import LinkedStore, StoreLink, instance_from_env
 from ftcoord.watchdog import HelperWatch, exit_process
 
@@ -107,7 +108,8 @@ class Participant:
         self.heartbeat = Heartbeat(self._clone(), self.slot, self.timing.heartbeat_interval, self.report,
                                    publish_every=self._publish_every(),
                                    before_beat=lambda store: self.monitor.carry_local_stop(store),
-                                   tell_watch=self.watch.nudge)
+                                   tell_watch=self.watch.nudge,
+                                   still_stack=StillStack.for_progress_timeout(self.progress_timeout, self._log))
         self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation,
                                         slice_s=2 * self.timing.heartbeat_timeout, on_beat=self.heartbeat.beat_now,
                                         tell_watch=self.watch.nudge)
@@ -168,6 +170,7 @@ class Participant:
         rejoining = self.record if self.monitor.fired and self.monitor.reason not in (None, "superseded") else None
         with self.leader.hurried():
             record = self.generations.join(step, after=rejoining)
+        self.heartbeat.joined()
         self.record = record
         self.leader.note_record(record)
         self.monitor.watch(record.generation, stopping=record.stop)

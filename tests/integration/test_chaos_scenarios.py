@@ -138,6 +138,12 @@ def test_a_stuck_rank_is_fenced_as_the_culprit_before_its_peers_collective_times
     assert [(e["reason"], e["slot"]) for e in declared] == [("hung", stuck["slot"])], declared
     assert 6.0 <= stuck["detect_s"] < 9.0 and stuck["full_recover_s"] < 9.0, stuck
     assert report["world_sizes"] == [2], report["world_sizes"]
+    # Before the fence, the culprit logged where it stood (ftcoord.still_stack: half the progress timeout); its
+    # peer, blocked in the step's all-reduce, logged nothing. The report shows it.
+    (still,) = report["still_threads"]
+    assert still["slot"] == stuck["slot"] and still["at"].endswith(" in _fire") and "chaos/inject.py" in still["at"]
+    assert 3.0 <= still["still_s"] < 6.0, still
+    assert f"`{still['at']}`" in (tmp_path / "stuck-pg" / "report.md").read_text()
 
 
 def test_preempt(tmp_path: Path) -> None:

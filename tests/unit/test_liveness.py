@@ -135,8 +135,9 @@ def test_a_training_thread_still_on_its_peers_is_published_waiting_looked_at_onl
     once the training thread stood still for publish_every (at most a quarter of that timeout), not at every still
     beat (a quarter of a 64-participant process's CPU, chaos bench --scale)."""
     import ftcoord.heartbeat as heartbeat_module
+    import ftcoord.still_stack as still_stack_module
 
-    monkeypatch.setattr(heartbeat_module, "WAITING_MODULES", ("/tests/unit/test_liveness.py",))
+    monkeypatch.setattr(still_stack_module, "WAITING_MODULES", ("/tests/unit/test_liveness.py",))
     looked_at: list[float] = []
     real_frame_of = heartbeat_module.frame_of
 

@@ -1,0 +1,95 @@
+"""Where a still training thread stands: its stack, logged once, before the leader can fence it.
+
+A rank whose training thread stands still for progress_timeout, not waiting on its peers, is fenced as hung, and its
+launcher SIGKILLs it at once: nothing of the process is left to ask where it was (a CI run once saw both ranks of a
+job stand still at their first step for 24 s, fenced, with no clue where). So the heartbeat thread, which looks at
+the training thread's frames once it stood still anyway (the `:w` flag), logs that thread's stack once it stood still
+for half the progress timeout without waiting on its peers: `training_thread_still`, with `at` (the innermost frame,
+`path:line in function`) and `stack` (the whole of it, as a traceback prints it; structlog's console renders it
+below the line). Once per stillness: the next one is logged after the thread moved again. A peer blocked in a
+collective with the culprit waits on it and logs nothing; neither does a thread inside ftcoord's join.
+
+Half the timeout, not the timeout itself: the fence follows the timeout within a beat, and the stack must be in the
+log before the kill. A thread still that long is worth a line even when it is never fenced (a long evaluation with
+no `call.ping()` in it is one the leader would fence at the timeout).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable
+from types import FrameType
+
+from structlog.typing import FilteringBoundLogger
+
+WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/ftcoord/generation.py")
+"""Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a generation, or
+finished and waiting for the others to finish)."""
+WAITING_DEPTH = 4
+"""How many of the innermost frames are looked at: a collective's call is within the first few."""
+STACK_FRAMES = 40
+"""The innermost frames logged: enough for a training loop inside a framework's, bounded for the log line."""
+
+
+def waits_on_peers(frame: FrameType | None) -> bool:
+    """Is a thread whose innermost frame is `frame` inside torch.distributed / autograd / ftcoord's join?
+
+    When one rank is stuck, its peers block in their next collective and stop pinging too; this tells the leader
+    which of the still ranks is the culprit.
+    """
+    for _ in range(WAITING_DEPTH):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if any(part in name for part in WAITING_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def where(frame: FrameType) -> str:
+    """`path:line in function` of a frame."""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+class StillStack:
+    """Logs a still training thread's stack once per stillness, once it stood still for `after` seconds (half the
+    progress timeout; math.inf: never) without waiting on its peers.
+
+    A stillness starts when the thread last moved: a ping, or a generation joined (a thread stuck in its first step
+    after a join, before any ping, is still from the join). It is looked at once, however long it lasts: a thread
+    that waits in a join or a collective for minutes (a spare; every participant of `chaos bench --scale`) costs one
+    snapshot of the process's frames, not one a beat."""
+
+    def __init__(self, after: float, log: FilteringBoundLogger, clock: Callable[[], float] = time.monotonic) -> None:
+        self.after = after
+        self._log = log
+        self._clock = clock
+        self._since = clock()
+        self._looked = False
+
+    @classmethod
+    def for_progress_timeout(cls, progress_timeout: float, log: FilteringBoundLogger) -> StillStack:
+        return cls(progress_timeout / 2 if math.isfinite(progress_timeout) else math.inf, log)
+
+    def moved(self) -> None:
+        """The training thread moved (a ping, a join): its stillness starts again."""
+        self._since, self._looked = self._clock(), False
+
+    def due(self) -> bool:
+        """Has the thread stood still `after` seconds, and this stillness not been looked at yet?"""
+        return not self._looked and self._clock() - self._since >= self.after
+
+    def look(self, frame: FrameType | None, step: int) -> None:
+        """Log where the thread whose innermost frame is `frame` stands, unless it waits on its peers."""
+        self._looked = True
+        if frame is None or waits_on_peers(frame):
+            return
+        stack = traceback.StackSummary.extract(traceback.walk_stack(frame), limit=STACK_FRAMES)
+        stack.reverse()  # outermost first, as a traceback prints it
+        self._log.warning("training_thread_still", still_s=round(self._clock() - self._since, 3), step=step,
+                          at=where(frame), stack="".join(stack.format()).rstrip("\n"),
+                          why="no progress (call.ping) and not waiting on its peers; the leader fences it once "
+                              "it stood still for progress_timeout")

@@ -1,0 +1,117 @@
+"""A training thread that stands still is logged once, with where it stands, before the leader can fence it
+(ftcoord.still_stack): a heartbeat of a real store client, the training thread a real thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ftcoord import StoreServer, connect, job_store
+from ftcoord.heartbeat import Heartbeat
+from ftcoord.still_stack import StillStack
+from tests.helpers.wait import wait_until
+
+AFTER_S = 0.4
+
+
+class Recorded:
+    """The log a StillStack writes to, kept in a list."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def warning(self, event: str, **facts: Any) -> None:
+        self.events.append({"event": event, **facts})
+
+
+def _heartbeat(store_server: StoreServer, job_id: str, log: Recorded) -> Heartbeat:
+    return Heartbeat(job_store(connect(store_server.address), job_id), slot=2, interval=0.05,
+                     still_stack=StillStack(AFTER_S, log))  # type: ignore[arg-type]
+
+
+def _stuck_in_the_step(release: threading.Event) -> None:
+    while not release.is_set():
+        time.sleep(0.01)
+
+
+def test_a_thread_stuck_after_its_join_is_logged_once_per_stillness_with_where_it_stands(
+        store_server: StoreServer, job_id: str) -> None:
+    """Stuck after a join, before any ping (a CI run once saw both ranks stand still at their first step, fenced
+    with no clue where): logged once half the progress timeout after the join, however long it stays; again after
+    it moved and stood still once more."""
+    log = Recorded()
+    heartbeat = _heartbeat(store_server, job_id, log)
+    first, second = threading.Event(), threading.Event()
+    joined: list[float] = []
+
+    def train() -> None:
+        time.sleep(0.75 * AFTER_S)  # the process's start, before its first join: not part of the stillness
+        heartbeat.joined()
+        joined.append(time.monotonic())
+        _stuck_in_the_step(first)
+        heartbeat.ping()
+        _stuck_in_the_step(second)
+
+    heartbeat.start()
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        wait_until(lambda: log.events, 10, "the still training thread logged")
+        logged_after = time.monotonic() - joined[0]
+        beats = heartbeat.beats
+        wait_until(lambda: heartbeat.beats >= beats + 5, 10, "five more beats")
+        (event,) = log.events
+        assert event["event"] == "training_thread_still" and AFTER_S <= event["still_s"] <= logged_after, event
+        assert event["at"].endswith(" in _stuck_in_the_step") and "test_still_stack.py" in event["at"], event
+        assert "in train" in event["stack"] and event["stack"].rstrip().endswith("time.sleep(0.01)"), event["stack"]
+        first.set()
+        wait_until(lambda: len(log.events) == 2, 10, "the second stillness logged")
+        assert log.events[1]["at"] == event["at"] and log.events[1]["still_s"] >= AFTER_S, log.events
+    finally:
+        first.set()
+        second.set()
+        heartbeat.stop()
+        trainer.join(5)
+
+
+def test_a_thread_waiting_on_its_peers_is_not_logged_and_its_frames_are_looked_at_once(
+        store_server: StoreServer, job_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer blocked in a collective with the culprit (here: a wait in threading.py, made a "peers" module) is not
+    the culprit: nothing logged. A spare waits in its join for the whole job: its stillness costs one snapshot of the
+    process's frames, not one a beat (chaos bench --scale)."""
+    import ftcoord.heartbeat as heartbeat_module
+    import ftcoord.still_stack as still_stack_module
+
+    monkeypatch.setattr(still_stack_module, "WAITING_MODULES", ("/threading.py",))
+    looked_at: list[float] = []
+    real_frame_of = heartbeat_module.frame_of
+
+    def frame_of(thread_id: int):  # type: ignore[no-untyped-def]
+        looked_at.append(time.monotonic())
+        return real_frame_of(thread_id)
+
+    monkeypatch.setattr(heartbeat_module, "frame_of", frame_of)
+    log = Recorded()
+    heartbeat = _heartbeat(store_server, job_id, log)
+    peers = threading.Event()
+    joined: list[float] = []
+
+    def train() -> None:
+        heartbeat.joined()
+        joined.append(time.monotonic())
+        peers.wait(30)
+
+    heartbeat.start()
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        wait_until(lambda: joined and time.monotonic() - joined[0] > 3 * AFTER_S, 10, "three times the stillness")
+        assert not log.events, log.events
+        assert len(looked_at) == 1 and looked_at[0] - joined[0] >= AFTER_S, (looked_at, joined)
+    finally:
+        peers.set()
+        heartbeat.stop()
+        trainer.join(5)
