@@ -17,7 +17,7 @@ from pathlib import Path
 
 from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.machine_env import machine_env
-from chaos.own_code import module_command, own_code_env
+from chaos.own_code import checkout_command, own_code_env
 from chaos.scenario import JobSpec
 from ftcoord.children_env import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
@@ -74,7 +74,7 @@ class Launchers:
                     "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
                     "--restart-policy", job.restart_policy, "--max-restarts", "20", "--grace", "30",
                     "--log-dir", str(self.out / "logs")]
-        return module_command("ftcoord.launch", [*launcher, "--", *module_command("training", training_args(
+        return checkout_command("ftcoord.launch", [*launcher, "--", *checkout_command("training", training_args(
             job, self.out / "ckpt"))])
 
     def start(self, node: Node) -> None:

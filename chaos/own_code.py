@@ -19,8 +19,9 @@ CODE_ROOT = Path(__file__).resolve().parents[1]
 """The checkout whose `chaos`, `ftcoord` and `training` this process runs."""
 
 
-def module_command(module: str, args: list[str]) -> list[str]:
-    """`python -P -m module args`: with `own_code_env`, the module of this checkout."""
+def checkout_command(module: str, args: list[str]) -> list[str]:
+    """`python -P -m module args`: with `own_code_env`, the module of this checkout (ftcoord.interpreter.module_command
+    gives a child its parent's path options instead: a rank's helpers)."""
     return [sys.executable, "-P", "-m", module, *args]
 
 
@@ -35,4 +36,4 @@ def own_code_env(env: dict[str, str] | None = None) -> dict[str, str]:
 def start_worker(module: str, args: list[str], env: dict[str, str] | None = None,
                  **popen: Any) -> subprocess.Popen[Any]:
     """Start `python -m module args` of this checkout (module docstring); `env` as `own_code_env` takes it."""
-    return subprocess.Popen(module_command(module, args), env=own_code_env(env), **popen)
+    return subprocess.Popen(checkout_command(module, args), env=own_code_env(env), **popen)
