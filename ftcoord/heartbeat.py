@@ -104,9 +104,12 @@ class Heartbeat:
         # With the step last committed in this generation: the leader compares still members by it, never by this
         # process's count of pings (a replacement's starts at 0: ftcoord.judgement.Judge.hung_members).
         step = self.report.step_in_generation() if self.report is not None else -1
-        if self._still_stack is not None and self._still_stack.due():
-            thread = self._training_thread or self._joining_thread
-            self._still_stack.look(frame_of(thread) if thread is not None else None, step)
+        if self._still_stack is not None:
+            if self._still_stack.due():
+                thread = self._training_thread or self._joining_thread
+                self._still_stack.look(frame_of(thread) if thread is not None else None, step)
+            if self.report is not None:
+                self.report.still_at = self._still_stack.at
         counted = f"{self._progress}/{step}" if step >= 0 else str(self._progress)
         progress = f"{counted}:w" if waiting else counted
         if progress != self._published_progress and (

@@ -94,6 +94,8 @@ class SlotReport:
         self.step = -1
         self.in_process_restarts = 0
         self.checkpoint_stalls = StallCounts()
+        self.still_at: str | None = None
+        """Where the training thread stands still, once ftcoord.still_stack logged it (heartbeat thread only)."""
         self._commits: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW)
         """(time, step) of this generation's recent commits."""
         self._last_commit: tuple[float, int] | None = None
@@ -150,9 +152,12 @@ class SlotReport:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {"generation": self.generation, "rank": self.rank, "step": self.step,
-                    "steps_per_s": self._rate(), "in_process_restarts": self.in_process_restarts,
-                    "checkpoint_stalls": asdict(self.checkpoint_stalls)}
+            status = {"generation": self.generation, "rank": self.rank, "step": self.step,
+                      "steps_per_s": self._rate(), "in_process_restarts": self.in_process_restarts,
+                      "checkpoint_stalls": asdict(self.checkpoint_stalls)}
+        if self.still_at is not None:  # only then: every slot's status is written to the store
+            status["still_at"] = self.still_at
+        return status
 
     def step_in_generation(self) -> int:
         """The last step committed in this generation (-1: none yet): what the leader compares still members by

@@ -55,6 +55,8 @@ class SlotView:
     host: str | None = None
     pid: int | None = None
     standby: str | None = None
+    still_at: str | None = None
+    """Where the slot's training thread stands still, not waiting on its peers (ftcoord.still_stack)."""
 
 
 @dataclass
@@ -180,6 +182,7 @@ class JobReader:
             view.generation, view.rank, view.step = published["generation"], published["rank"], published["step"]
             view.steps_per_s, view.in_process_restarts = published["steps_per_s"], published["in_process_restarts"]
             view.checkpoint_stalls = published["checkpoint_stalls"]
+            view.still_at = published.get("still_at")
         launcher = get_or_none(store, keys.launcher(slot))
         if launcher:
             published = json.loads(launcher)

@@ -14,7 +14,7 @@ _STATE_STYLE = {"stale": "yellow", "fenced": "red", "dead": "red", "replacing": 
 
 
 def render(view: JobView) -> Group:
-    return Group(_header(view), _slots(view), *_recent(view), *_incidents(view))
+    return Group(_header(view), _slots(view), *_still(view), *_recent(view), *_incidents(view))
 
 
 def _header(view: JobView) -> Text:
@@ -51,6 +51,21 @@ def _slots(view: JobView) -> Table:
                       "-" if not slot.steps_per_s else f"{slot.steps_per_s:.2f}", restarts,
                       "-" if slot.pid is None else str(slot.pid), slot.standby or "-")
     return table
+
+
+def _still(view: JobView) -> list[Text]:
+    """Training threads standing still, not waiting on their peers, and where (ftcoord.still_stack): the slots the
+    leader fences as hung at progress_timeout."""
+    still = [s for s in view.slots if s.still_at]
+    if not still:
+        return []
+    lines = Text("\nstanding still, not waiting on peers (stack: training_thread_still in its log)\n",
+                 style="bold yellow")
+    for slot in still:
+        path, _, rest = (slot.still_at or "").rpartition(":")
+        short = "/".join(path.split("/")[-2:])  # the package and file: the line must fit
+        lines.append(f"  slot {slot.slot}: {short}:{rest}"[:_WIDTH] + "\n")
+    return [lines]
 
 
 def _recent(view: JobView) -> list[Text]:

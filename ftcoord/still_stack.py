@@ -6,7 +6,8 @@ job stand still at their first step for 24 s, fenced, with no clue where). So th
 the training thread's frames once it stood still anyway (the `:w` flag), logs that thread's stack once it stood still
 for half the progress timeout without waiting on its peers: `training_thread_still`, with `at` (the innermost frame,
 `path:line in function`) and `stack` (the whole of it, as a traceback prints it; structlog's console renders it
-below the line). Once per stillness: the next one is logged after the thread moved again. A peer blocked in a
+below the line), and `ftcoord status` shows `at` until the thread moves. Once per stillness: the next one is logged
+after the thread moved again. A peer blocked in a
 collective with the culprit waits on it and logs nothing; neither does a thread inside ftcoord's join.
 
 Half the timeout, not the timeout itself: the fence follows the timeout within a beat, and the stack must be in the
@@ -69,6 +70,8 @@ class StillStack:
         self._clock = clock
         self._since = clock()
         self._looked = False
+        self.at: str | None = None
+        """Where the thread stood when logged, until it moves (`ftcoord status` shows it: SlotReport.still_at)."""
 
     @classmethod
     def for_progress_timeout(cls, progress_timeout: float, log: FilteringBoundLogger) -> StillStack:
@@ -76,7 +79,7 @@ class StillStack:
 
     def moved(self) -> None:
         """The training thread moved (a ping, a join): its stillness starts again."""
-        self._since, self._looked = self._clock(), False
+        self._since, self._looked, self.at = self._clock(), False, None
 
     def due(self) -> bool:
         """Has the thread stood still `after` seconds, and this stillness not been looked at yet?"""
@@ -89,7 +92,8 @@ class StillStack:
             return
         stack = traceback.StackSummary.extract(traceback.walk_stack(frame), limit=STACK_FRAMES)
         stack.reverse()  # outermost first, as a traceback prints it
+        self.at = where(frame)
         self._log.warning("training_thread_still", still_s=round(self._clock() - self._since, 3), step=step,
-                          at=where(frame), stack="".join(stack.format()).rstrip("\n"),
+                          at=self.at, stack="".join(stack.format()).rstrip("\n"),
                           why="no progress (call.ping) and not waiting on its peers; the leader fences it once "
                               "it stood still for progress_timeout")

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.metrics import read_logs
 from ftcoord import StoreServer
 from tests.helpers.cluster import REPO
+from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.script_runs import ScriptRun
 from tests.helpers.wait import wait_until
 
@@ -183,3 +184,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_status_shows_where_a_stuck_training_thread_stands_before_it_is_fenced(store_server: StoreServer, job_id: str,
+                                                                                tmp_path: Path) -> None:
+    """Slot 1's training thread sticks at step 20 (its heartbeat runs on; progress_timeout 8 s). Half the timeout
+    later `ftcoord status` shows where it stands (ftcoord.still_stack), before the leader fences it and its launcher's
+    SIGKILL leaves nothing to ask; slot 0, waiting on it in the all-reduce, is not shown. Its log has the stack."""
+    store = store_server.address
+    proc = launch(tmp_path, store, job_id, "--steps", "400", "--stall-at", "1:20", "--progress-timeout", "8", nproc=2)
+    try:
+        run = AllreduceRun(tmp_path)
+        wait_until(lambda: run.events("fault"), 60, "slot 1 to stall")
+
+        def still() -> dict[int, str]:
+            return {s["slot"]: s["still_at"] for s in status_json(store, job_id)["slots"] if s.get("still_at")}
+
+        shown = wait_until(still, 30, "ftcoord status to show where slot 1 stands")
+        assert list(shown) == [1] and shown[1].endswith(" in train") and "allreduce_job.py:" in shown[1], shown
+        text = status(store, "--job", job_id).stdout
+        assert "standing still" in text and "helpers/allreduce_job.py" in text, text
+        assert not run.logs("member_declared_dead"), "fenced before status showed where it stood"
+        (logged,) = run.logs("training_thread_still")
+        assert logged["slot"] == 1 and logged["at"] == shown[1] and "time.sleep(3600)" in logged["stack"], logged
+        declared = wait_until(lambda: run.logs("member_declared_dead"), 60, "the leader to fence slot 1")
+        assert [(e["slot"], e["reason"]) for e in declared] == [(1, "hung")], declared
+    finally:
+        proc.kill()

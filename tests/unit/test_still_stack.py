@@ -11,6 +11,7 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.heartbeat import Heartbeat
+from ftcoord.slot_report import SlotReport
 from ftcoord.still_stack import StillStack
 from tests.helpers.wait import wait_until
 
@@ -27,8 +28,8 @@ class Recorded:
         self.events.append({"event": event, **facts})
 
 
-def _heartbeat(store_server: StoreServer, job_id: str, log: Recorded) -> Heartbeat:
-    return Heartbeat(job_store(connect(store_server.address), job_id), slot=2, interval=0.05,
+def _heartbeat(store_server: StoreServer, job_id: str, log: Recorded, report: SlotReport | None = None) -> Heartbeat:
+    return Heartbeat(job_store(connect(store_server.address), job_id), slot=2, interval=0.05, report=report,
                      still_stack=StillStack(AFTER_S, log))  # type: ignore[arg-type]
 
 
@@ -43,7 +44,8 @@ def test_a_thread_stuck_after_its_join_is_logged_once_per_stillness_with_where_i
     with no clue where): logged once half the progress timeout after the join, however long it stays; again after
     it moved and stood still once more."""
     log = Recorded()
-    heartbeat = _heartbeat(store_server, job_id, log)
+    report = SlotReport(slot=2)
+    heartbeat = _heartbeat(store_server, job_id, log, report)
     first, second = threading.Event(), threading.Event()
     joined: list[float] = []
 
@@ -59,6 +61,7 @@ def test_a_thread_stuck_after_its_join_is_logged_once_per_stillness_with_where_i
     trainer = threading.Thread(target=train, daemon=True)
     trainer.start()
     try:
+        assert "still_at" not in report.status()
         wait_until(lambda: log.events, 10, "the still training thread logged")
         logged_after = time.monotonic() - joined[0]
         beats = heartbeat.beats
@@ -67,6 +70,7 @@ def test_a_thread_stuck_after_its_join_is_logged_once_per_stillness_with_where_i
         assert event["event"] == "training_thread_still" and AFTER_S <= event["still_s"] <= logged_after, event
         assert event["at"].endswith(" in _stuck_in_the_step") and "test_still_stack.py" in event["at"], event
         assert "in train" in event["stack"] and event["stack"].rstrip().endswith("time.sleep(0.01)"), event["stack"]
+        assert report.status()["still_at"] == event["at"]  # what `ftcoord status` shows, until the thread moves
         first.set()
         wait_until(lambda: len(log.events) == 2, 10, "the second stillness logged")
         assert log.events[1]["at"] == event["at"] and log.events[1]["still_s"] >= AFTER_S, log.events
