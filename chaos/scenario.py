@@ -182,7 +182,8 @@ def _job(table: dict[str, Any], where: str) -> JobSpec:
     for key, low in (("nproc", 1), ("steps", 1), ("global_batch", 1), ("ckpt_every", 1), ("spares", 0),
                      ("warm_standby", 0), ("min_world_size", 1), ("seed", 0)):
         if not _is_int(getattr(job, key)) or getattr(job, key) < low:
-            raise ScenarioError(f"{where} [job] {key} = {getattr(job, key)!r}: must be an integer >= {low}")
+            counted = " (how many warm standbys a launcher keeps: 0 for none)" if key == "warm_standby" else ""
+            raise ScenarioError(f"{where} [job] {key} = {getattr(job, key)!r}: must be an integer >= {low}{counted}")
     for key in ("step_time", "sample_time"):
         if not _is_number(value := getattr(job, key)) or value < 0:
             raise ScenarioError(f"{where} [job] {key} = {value!r}: must be a number >= 0")

@@ -130,6 +130,8 @@ def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_ste
          "min_world_size = 3 is above nproc = 2: the job could never start"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[random]\nseed = "x"\nmtbf_steps = 5\n',
          "seed = 'x': must be an integer"),
+        ('name = "x"\ndescription = "d"\n[job]\nwarm_standby = false\n',
+         r"warm_standby = False: must be an integer >= 0 \(how many warm standbys a launcher keeps: 0 for none\)"),
         # Each fired at nothing, and failed the run only at its end.
         ('name = "x"\ndescription = "d"\n' + NODES_JOB + '[[faults]]\nkind = "replace"\nslot = 1\nstep = 5\n',
          r"#1: replace of node 1 \(slot 1\) at step 5: that node is running then; a replace starts a new launcher"),
