@@ -40,3 +40,26 @@ def zombie_exit_code(pid: int) -> int | None:
     if not fields or fields[0] != "Z":
         return None
     return os.waitstatus_to_exitcode(int(fields[_EXIT_CODE])) if len(fields) > _EXIT_CODE else -signal.SIGKILL
+
+
+def _signal_mask(pid: int, field: str) -> int:
+    """A signal mask of /proc/PID/status (`SigCgt`: caught, `ShdPnd`: pending for the process); 0 when gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return int(value.strip(), 16)
+    return 0
+
+
+def catches(pid: int, signum: int) -> bool:
+    """The process has a handler for `signum` (its default action, often termination, would not run)."""
+    return bool(_signal_mask(pid, "SigCgt") >> (signum - 1) & 1)
+
+
+def pending(pid: int, signum: int) -> bool:
+    """`signum`, sent to the process, is not delivered yet (no thread of it took it)."""
+    return bool(_signal_mask(pid, "ShdPnd") >> (signum - 1) & 1)

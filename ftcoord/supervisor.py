@@ -23,7 +23,7 @@ from dataclasses import InitVar, dataclass, field
 
 import torch.distributed as dist
 
-from ftcoord import env, keys, launcher_report, rebuild, scratch
+from ftcoord import env, keys, launcher_report, rebuild, scratch, stack_dump
 from ftcoord.children_env import children_env, job_env, standby_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.fence_watch import FenceWatch
@@ -340,7 +340,8 @@ class Supervisor:
 
         Even inside `call.atomic()` (a checkpoint commit): a commit is crash-safe by construction
         (a kill mid-write leaves a temp directory, never a torn checkpoint), so waiting would only
-        turn a hang into a longer stall for every peer.
+        turn a hang into a longer stall for every peer. The kill waits only for the process's stacks
+        (ftcoord.stack_dump: DUMP_WAIT_S at most, after the replacement was announced).
         """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         for slot in self._fences.fenced(running, now):
@@ -349,6 +350,7 @@ class Supervisor:
                               incarnation=slot.incarnation)
             if replacing:
                 self._replacement_coming(slot, read_int(self.store, keys.incarnation(slot.slot)))
+            stack_dump.before_kill(slot.process.pid, slot.slot, self.config.log_dir, self._log)
             slot.process.kill()
             slot.fence_killed = True
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ftcoord import env, log
+from ftcoord import env, log, stack_dump
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import (
@@ -192,6 +192,7 @@ class Wrapper:
             log.configure(Path(log_dir) / f"slot{participant.slot}-{os.getpid()}.jsonl")
         elif not log.is_configured():
             log.configure(None)
+        stack_dump.install(log_dir, participant.slot)  # a fence's SIGKILL is preceded by a dump of every stack
         self._start(participant)
         logger = log.get_logger(component="wrapper", slot=participant.slot, incarnation=participant.incarnation)
         restore_signal = self._install_sigterm(participant)
@@ -274,6 +275,7 @@ class Wrapper:
         finally:
             restore_signal()
             participant.close(leaving=leaving)
+            stack_dump.uninstall()
 
     def _start(self, participant: Participant) -> None:
         """Connect, saying within a second which store is being waited for and where its address came from

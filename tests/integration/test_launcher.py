@@ -297,7 +297,14 @@ def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, j
     run = AllreduceRun(tmp_path)
     declared = run.logs("member_declared_dead")
     assert declared and declared[0]["reason"] == "hung" and declared[0]["slot"] == 1
-    assert run.logs("rank_fenced_killed")
+    (fenced,) = run.logs("rank_fenced_killed")
+    # Before the kill, the process wrote every stack (ftcoord.stack_dump): the training thread's, where it stalled.
+    (dumped,) = run.logs("rank_stacks_dumped")
+    assert dumped["pid"] == fenced["pid"] and dumped["outcome"] == "dumped", dumped
+    stacks = Path(dumped["file"]).read_text()
+    assert 'allreduce_job.py", line' in stacks and "in train" in stacks, stacks
+    # A process that ended of itself left no empty file (slot 0, and slot 1's replacement).
+    assert [p.name for p in (tmp_path / "logs").glob("stacks-*")] == [Path(dumped["file"]).name]
     run.assert_correct(120)
 
 

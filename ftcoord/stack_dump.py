@@ -1,0 +1,114 @@
+"""A fenced process's stacks, written by faulthandler before its launcher's SIGKILL.
+
+ftcoord.still_stack logs where a still training thread stands, from the heartbeat thread. A process fenced for its
+silence logs nothing: its heartbeat stopped because its Python code does not run (the interpreter frozen, a native
+call that holds the GIL, a helper thread stuck in a store call), and the SIGKILL that follows leaves nothing to ask.
+faulthandler's signal handler still runs: it writes every thread's Python stack from C, without the GIL. So a rank
+registers it for DUMP_SIGNAL (`install`, from Wrapper.run; `uninstall` at its end) to write to
+`stacks-slot<S>-<pid>.txt` in its log directory (stderr without one), and a launcher that fences a process
+(`before_kill`) sends it DUMP_SIGNAL first, when the process
+catches it and is not stopped (a SIGSTOPped process runs no handler: nothing to wait for), waits until a thread of it
+took the signal and the file stopped growing (at most DUMP_WAIT_S), then kills it. The launcher says a replacement is
+coming before this (the leader waits FENCE_ANSWER_S for that, ftcoord.judgement), so the dump delays only the kill.
+
+A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from structlog.typing import FilteringBoundLogger
+
+from ftcoord.process_state import catches, pending, stopped
+
+DUMP_SIGNAL = signal.SIGRTMIN + 3
+DUMP_WAIT_S = 0.2
+"""The longest a fence waits for a dump: a thread to take the signal and its stacks to be written."""
+WRITTEN_S = 0.02
+"""How long a dump's file must stand still to be taken as written (the handler writes at once, but a process may lose
+its core in the middle on a busy node); also how long a dump to stderr, which cannot be watched, is given."""
+_POLL_S = 0.005
+
+_dump_file: TextIO | None = None  # kept open: faulthandler writes to its descriptor
+
+
+def dump_path(log_dir: str | os.PathLike[str], slot: int, pid: int) -> Path:
+    """Where a rank of `log_dir` writes its stacks."""
+    return Path(log_dir) / f"stacks-slot{slot}-{pid}.txt"
+
+
+def install(log_dir: str | os.PathLike[str] | None, slot: int) -> Path | None:
+    """Have DUMP_SIGNAL write this process's stacks to its file in `log_dir` (stderr when None); the file."""
+    global _dump_file
+    path = dump_path(log_dir, slot, os.getpid()) if log_dir else None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if _dump_file is not None:
+            _dump_file.close()
+        _dump_file = open(path, "a")  # noqa: SIM115 - faulthandler holds its descriptor until `uninstall`
+    faulthandler.register(DUMP_SIGNAL, file=_dump_file if path is not None else sys.stderr, all_threads=True,
+                          chain=False)
+    return path
+
+
+def uninstall() -> None:
+    """Wrapper.run is over: no dump to ask for. Its file goes when empty (every process made one; a fence's dump stays,
+    and so does an empty one of a process killed otherwise, a SIGKILL from outside)."""
+    global _dump_file
+    faulthandler.unregister(DUMP_SIGNAL)
+    if _dump_file is None:
+        return
+    with contextlib.suppress(OSError):
+        _dump_file.close()
+        path = Path(_dump_file.name)
+        if path.stat().st_size == 0:
+            path.unlink()
+    _dump_file = None
+
+
+def dump(pid: int, path: Path | None) -> str:
+    """Ask `pid` for its stacks and wait for them (at most DUMP_WAIT_S); what came of it: "dumped", "stopped" (it
+    runs no handler), "not_installed" (it catches no DUMP_SIGNAL: not a Wrapper's rank, or not there yet),
+    "undelivered" (no thread took the signal in time: one in uninterruptible sleep, say) or "gone"."""
+    if stopped(pid):
+        return "stopped"
+    if not catches(pid, DUMP_SIGNAL):
+        return "not_installed"
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except ProcessLookupError:
+        return "gone"
+    deadline = time.monotonic() + DUMP_WAIT_S
+    while pending(pid, DUMP_SIGNAL):
+        if time.monotonic() > deadline:
+            return "undelivered"
+        time.sleep(_POLL_S)
+    if path is None:
+        time.sleep(WRITTEN_S)
+        return "dumped"
+    size, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = path.stat().st_size if path.exists() else 0
+        if now != size:
+            size, since = now, time.monotonic()
+        elif size > 0 and time.monotonic() - since >= WRITTEN_S:
+            break
+        time.sleep(_POLL_S)
+    return "dumped"
+
+
+def before_kill(pid: int, slot: int, log_dir: str | None, log: FilteringBoundLogger) -> str:
+    """A launcher's fence: `dump` the process of `slot` (its rank's file in `log_dir`), and log what came of it."""
+    path = dump_path(log_dir, slot, pid) if log_dir else None
+    outcome = dump(pid, path)
+    log.info("rank_stacks_dumped" if outcome == "dumped" else "rank_stacks_not_dumped", slot=slot, pid=pid,
+             outcome=outcome, file=str(path) if path is not None and outcome == "dumped" else None)
+    return outcome
