@@ -25,28 +25,32 @@ from types import FrameType
 
 from structlog.typing import FilteringBoundLogger
 
-WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/ftcoord/generation.py")
-"""Where a training thread sits while it waits for its peers (ftcoord's own generation.py: joining a generation, or
-finished and waiting for the others to finish)."""
+WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
+"""Where a training thread sits while it waits for its peers in a collective: among its innermost frames."""
 WAITING_DEPTH = 4
-"""How many of the innermost frames are looked at: a collective's call is within the first few."""
+"""How many of the innermost frames are looked at for those: a collective's call is within the first few."""
+JOINING_MODULE = "/ftcoord/generation.py"
+"""ftcoord's join of a generation, and its finish (waiting for the others to finish): anywhere in the stack, as the
+store's wait is several frames below it (store_link, store) and no user code runs under it."""
 STACK_FRAMES = 40
 """The innermost frames logged: enough for a training loop inside a framework's, bounded for the log line."""
 
 
 def waits_on_peers(frame: FrameType | None) -> bool:
-    """Is a thread whose innermost frame is `frame` inside torch.distributed / autograd / ftcoord's join?
+    """Is a thread whose innermost frame is `frame` waiting on its peers: in a collective (torch.distributed,
+    autograd, DDP) or in ftcoord's join or finish?
 
     When one rank is stuck, its peers block in their next collective and stop pinging too; this tells the leader
-    which of the still ranks is the culprit.
+    which of the still ranks is the culprit. The join was looked for among the innermost 4 frames only, where it never
+    is (its wait is in the store client, three frames below): a spare waiting for its generation was logged as still,
+    and a member that finished and waited for the others was no different from a stuck one to the leader.
     """
-    for _ in range(WAITING_DEPTH):
-        if frame is None:
-            return False
+    depth = 0
+    while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if any(part in name for part in WAITING_MODULES):
+        if JOINING_MODULE in name or (depth < WAITING_DEPTH and any(part in name for part in WAITING_MODULES)):
             return True
-        frame = frame.f_back
+        frame, depth = frame.f_back, depth + 1
     return False
 
 

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys
+from ftcoord.errors import JobFinished
 from ftcoord.heartbeat import Heartbeat
 from ftcoord.slot_report import SlotReport
 from ftcoord.still_stack import StillStack
+from ftcoord.store import get_or_none
+from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
 AFTER_S = 0.4
@@ -119,3 +123,39 @@ def test_a_thread_waiting_on_its_peers_is_not_logged_and_its_frames_are_looked_a
         peers.set()
         heartbeat.stop()
         trainer.join(5)
+
+
+def test_a_spare_in_its_join_and_a_member_waiting_in_its_finish_wait_on_their_peers(
+        store_server: StoreServer, job_id: str) -> None:
+    """Real participants, half a second of stillness to look at (progress_timeout 1 s). A hot spare waits for its
+    generation in ftcoord's join, and a member that finished waits for the other in ftcoord's finish: both wait on
+    their peers, several frames below ftcoord.generation in the store's client. Neither is shown as standing still,
+    and the member that finished is published waiting (":w"), as one in a collective is: before, it was no different
+    from a stuck member to the leader's culprit rule, and the spare was logged as still (a random chaos schedule)."""
+    timing = Timing(heartbeat_interval=0.05, heartbeat_timeout=1.0, join_timeout=0.5, barrier_timeout=60.0)
+    parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), timing, progress_timeout=1.0).start()
+             for slot in range(3)]
+    store = parts[0].clone_store()
+    try:
+        join_together(*parts[:2])
+        def spare() -> None:
+            with contextlib.suppress(JobFinished):  # at the end of the test
+                parts[2].join(0)
+
+        threading.Thread(target=spare, daemon=True).start()
+
+        def finish_first() -> None:
+            parts[0].heartbeat.ping()
+            parts[0].finish()
+
+        threading.Thread(target=finish_first, daemon=True).start()
+        wait_until(lambda: (get_or_none(store, keys.progress(0)) or b"").endswith(b":w"), 10,
+                   "the member that finished published as waiting on its peers")
+        beats = [p.heartbeat.beats for p in parts]
+        wait_until(lambda: all(p.heartbeat.beats >= b + 40 for p, b in zip(parts, beats, strict=True)), 20,
+                   "two seconds of beats: four times the stillness that is looked at")
+        assert [p.report.status().get("still_at") for p in parts] == [None, None, None]
+    finally:
+        threading.Thread(target=parts[1].finish, daemon=True).start()
+        for p in parts:
+            p.close()
