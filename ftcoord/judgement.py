@@ -116,20 +116,36 @@ class Judge:
         the lost members cost 0.3 s). It is awaited until it beats after the leader's question (alive: seated), or
         stays silent for evidence_silence (gone with its node: decided without, like the members it ran beside; one
         alive after all is seated in the next generation). A joiner on another node, or whose node no launcher
-        reported, is not in doubt."""
+        reported, is not in doubt for that.
+
+        A joiner this leader saw silent for evidence_silence is in doubt too, wherever it runs: its announcement may be
+        older than its silence (a hot spare announces itself ahead of the generation it may be seated in). It is
+        awaited until it beats after the question (seated), or is gone once a read a heartbeat interval after the
+        question (probe_grace, if longer) shows no beat: a spare that announced itself does not answer the question
+        (its interrupt monitor reads no question once announced, ftcoord.monitor), its next beat does. A leader that
+        took over from a hot spare that led, paused (SIGSTOP) and judged gone by its
+        silence (leader_gone_with_a_node), seated that same spare in place of a killed member: the generation could
+        not form until the spare's heartbeat timeout, 3.5 s at the defaults (random schedule 33053)."""
         def incarnations(slots: set[int]) -> dict[int, int]:
             return {s: facts[s].incarnation for s in slots if s in facts}
 
         awaited: set[int] = set()
         gone: set[int] = set()
-        neighbours = self.nodes.beside(incarnations(outsiders), incarnations(lost))
-        if not neighbours:
+        neighbours = self.nodes.beside(incarnations(outsiders), incarnations(lost)) if lost else set()
+        late = {s for s in outsiders if self.observer.silent_for(f"hb/{s}") >= self._timing.evidence_silence}
+        if not neighbours and not late:
             return awaited, gone
         asked = self.probe.ask(previous.generation)
-        for slot in neighbours:
+        # A read after this that shows no beat: no answer (module docstring: by its next beat).
+        answered_by = asked + max(self._timing.probe_grace, self._timing.heartbeat_interval)
+        for slot in neighbours | late:
             name = f"hb/{slot}"
-            if not self.observer.changed_after(name, asked):
+            if self.observer.changed_after(name, asked):
+                continue  # alive: seated
+            if slot in neighbours:
                 (gone if self.observer.silent_for(name) >= self._timing.evidence_silence else awaited).add(slot)
+            else:
+                (gone if self.observer.silent_since(name, asked, answered_by) else awaited).add(slot)
         return awaited, gone
 
     def leader_gone_with_a_node(self, slot: int, incarnation: int, record: GenerationRecord | None) -> bool:

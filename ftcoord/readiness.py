@@ -6,7 +6,8 @@ Recovery at the speed of evidence, not of timeouts:
   that closed under the generation's collectives while it neither rejoined, announced leaving nor
   answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence); the
   record carries such members as left out, so a leader that takes over does not wait for their heartbeat timeout;
-  a hot spare on the same node as members gone so (their node is lost) must beat after the leader's question to be
+  a hot spare on the same node as members gone so (their node is lost), or one the leader saw silent for
+  evidence_silence (its announcement may be older than its silence), must beat after the leader's question to be
   seated (Judge.outsiders_in_doubt); silence for heartbeat_timeout is the last resort;
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
   (one generation change, the world size kept, however slow a cold start), and so is a live member of the running
@@ -56,8 +57,8 @@ class Readiness:
     heartbeats (not yet heartbeat_timeout old): a decision now leaves them out too, and its record says so, so that
     a next leader, which saw none of the evidence, does not wait for them either (`still_left_out`)."""
     not_live: frozenset[int] = frozenset()
-    """Joiners from outside the previous generation (hot spares) gone with a node lost under it: not seated
-    (Judge.outsiders_in_doubt)."""
+    """Joiners from outside the previous generation (hot spares) gone with a node lost under it, or silent and
+    unanswering: not seated (Judge.outsiders_in_doubt)."""
 
 
 def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFacts], clock: OpenClock, now: float,
@@ -71,13 +72,13 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     joined_slots = {j.slot for j in live}
     # Members gone by the evidence of a closed connection: no waiting for their heartbeat timeout.
     gone = judge.gone_by_evidence(previous, joined_slots)
-    # A hot spare on the node of members gone so (no launcher said so: the node is lost) is awaited until it proves
-    # alive, or is gone with them.
+    # A hot spare on the node of members gone so (no launcher said so: the node is lost), or one silent for
+    # evidence_silence, is awaited until it proves alive, or is gone.
     lost = {s for s in gone if s in facts and not facts[s].is_gone()}
     outsiders = joined_slots - set(previous.members) if previous is not None else set()
     doubted: set[int] = set()
     not_live: set[int] = set()
-    if lost and outsiders and previous is not None:
+    if outsiders and previous is not None:
         doubted, not_live = judge.outsiders_in_doubt(previous, lost, outsiders, facts)
     left_out = left_out_by(previous)
     expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone and left_out.get(s) != f.incarnation}

@@ -238,6 +238,54 @@ def test_a_hot_spare_on_a_lost_node_is_not_seated_until_it_proves_alive(store_se
     assert taken_over.decide and taken_over.not_live == {spare}, taken_over
 
 
+def test_a_hot_spare_seen_silent_is_not_seated_until_it_answers(store_server: StoreServer, job_id: str) -> None:
+    """A hot spare announces itself ahead of the generation it may be seated in; SIGSTOPped since, its announcement
+    stood, and a leader seated it in place of a killed member (its launcher said so: no node is lost): the generation
+    could not form until the spare's heartbeat timeout (random schedule 33053: the spare led, a deputy judged it gone
+    by its silence, took over and seated it; 3.5 s at the defaults). A spare this leader saw silent for
+    evidence_silence is now asked: gone once a read a heartbeat interval after the question shows no beat (an
+    announced spare answers by its next beat); seated when it beats. One whose silence this leader has not watched that long (it took over a moment ago) is seated at once.
+    Sabotage: the doubt only for a lost node's neighbours, as before: the first decision below is made at once."""
+    timing, clock = Timing(), Clock()
+    clock.now = time.monotonic() - 1.0  # the leader's question is timed on the real clock (ftcoord.evidence.Probe)
+    store = job_store(connect(store_server.address), job_id)
+    judge = Judge(store, timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    spare = 100000
+    old = GenerationRecord(generation=4, members=(0, 1, 2), incarnations=(2, 2, 2), leader=2, leader_term=3,
+                           target_world_size=3)
+    slots = (0, 1, 2, spare)
+    judge.observe({s: _facts(s, beat=10) for s in slots}, read_at=clock.now)
+    clock.now += timing.evidence_silence + 0.1
+    killed = {0: _facts(0, beat=20), 1: _facts(1, beat=20), 2: _facts(2, beat=10, dead=2), spare: _facts(spare, 10)}
+    judge.observe(killed, read_at=clock.now)
+
+    def ready(facts: dict[int, SlotFacts], judge: Judge = judge) -> Readiness:
+        live = [JoinRequest(5, s, 2, 40) for s in (0, 1, spare)]
+        return readiness(live, len(live), facts, OpenClock(clock.now, clock.now), clock.now, judge, old, True,
+                         QuorumPolicy(3), timing)
+
+    first = ready(killed)
+    assert not first.decide, "a hot spare seen silent was seated before it answered"
+    clock.now = max(clock.now, time.monotonic()) + timing.probe_grace + 0.01  # no beat since the question, but
+    judge.observe(killed, read_at=clock.now)  # a spare that announced answers by its next beat, an interval after
+    assert not ready(killed).decide, "a hot spare seen silent was judged before its next beat was due"
+    clock.now += timing.heartbeat_interval  # no beat an interval after the question either
+    judge.observe(killed, read_at=clock.now)
+    unanswered = ready(killed)
+    assert unanswered.decide and unanswered.not_live == {spare}, unanswered
+    beating = {**killed, spare: _facts(spare, beat=11)}
+    clock.now += 0.01
+    judge.observe(beating, read_at=clock.now)
+    answered = ready(beating)
+    assert answered.decide and answered.everyone and not answered.not_live, answered
+
+    fresh = Judge(store, timing, None, get_logger())  # took over a moment ago: it has watched nobody's silence
+    fresh.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    fresh.observe(killed, read_at=clock.now)
+    assert ready(killed, fresh).decide, "a hot spare whose silence this leader never watched was not seated at once"
+
+
 def test_joiners_that_hold_no_state_wait_for_a_live_member_that_does(store_server: StoreServer, job_id: str) -> None:
     """Generation 3's members (0-2) are alive and have not rejoined (blocked in a collective behind a stuck peer, until
     the leader fences it: Judge.fence_stuck_members_of_ended); a replacement from outside (slot 5) announced itself.
