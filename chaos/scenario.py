@@ -265,6 +265,9 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         raise ScenarioError(f"{where}: slot = {fault.slot} is beyond the job (slots 0..{slots - 1})")
     if not 0 <= fault.step < job.steps:
         raise ScenarioError(f"{where}: step = {fault.step} is beyond the run (steps 0..{job.steps - 1})")
+    if fault.step == 0 and at_boundary(fault.kind):
+        raise ScenarioError(f"{where}: a {fault.kind} at step 0 never fires: it fires at the boundary before its step, "
+                            f"once step - 1 is committed; give step = 1 or more")
     if not isinstance(fault.after, int | float) or fault.after < 0:
         raise ScenarioError(f"{where}: after = {fault.after!r}: give the seconds after its step (0 or more)")
     if fault.after > 0 and (fault.in_rank or fault.kind == "ckpt-crash"):
@@ -358,6 +361,8 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         duration = (3 * job.heartbeat_timeout if kind == "hang" else
                     rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
         target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
+        if int(step) == 0 and at_boundary(kind):
+            continue  # it would never fire (no boundary before step 0: seed 33055, mtbf 10, drew one)
         if kind in RANK_KINDS:
             at, point = (target, int(step)), IN_RANK_ACTIONS[kind][1] if kind in IN_RANK_KINDS else OUTSIDE
             if at in aimed or ends_first(aimed.get((target, at[1] - 1)), point) or ends_first(
@@ -366,6 +371,11 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
             aimed[at] = point
         faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
+
+
+def at_boundary(kind: str) -> bool:
+    """Does an in-rank fault of this kind fire at the boundary before its step (after step - 1 is committed)?"""
+    return kind in IN_RANK_ACTIONS and IN_RANK_ACTIONS[kind][1] == "at_boundary"
 
 
 OUTSIDE = "outside"

@@ -244,7 +244,8 @@ def test_a_hot_spare_seen_silent_is_not_seated_until_it_answers(store_server: St
     could not form until the spare's heartbeat timeout (random schedule 33053: the spare led, a deputy judged it gone
     by its silence, took over and seated it; 3.5 s at the defaults). A spare this leader saw silent for
     evidence_silence is now asked: gone once a read a heartbeat interval after the question shows no beat (an
-    announced spare answers by its next beat); seated when it beats. One whose silence this leader has not watched that long (it took over a moment ago) is seated at once.
+    announced spare answers by its next beat); seated when it beats. One whose silence this leader has not watched
+    that long (it took over a moment ago) is seated at once.
     Sabotage: the doubt only for a lost node's neighbours, as before: the first decision below is made at once."""
     timing, clock = Timing(), Clock()
     clock.now = time.monotonic() - 1.0  # the leader's question is timed on the real clock (ftcoord.evidence.Probe)

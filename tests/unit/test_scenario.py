@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from chaos.scenario import IN_RANK_ACTIONS, IN_RANK_KINDS, ScenarioError, bundled_names, load, parse
+from chaos.scenario import IN_RANK_ACTIONS, IN_RANK_KINDS, ScenarioError, at_boundary, bundled_names, load, parse
 
 GOOD_JOB = "[job]\nnproc = 2\nsteps = 50\nglobal_batch = 8\n"
 NODES_JOB = GOOD_JOB + "nodes = [[0], [1]]\n"
@@ -91,6 +91,17 @@ def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_ste
     assert len(faults) == 7
 
 
+def test_random_faults_plan_no_boundary_fault_at_step_0() -> None:
+    """A boundary fault fires once step s - 1 is committed: at step 0 it never fires (seed 33055, four ranks, mtbf
+    10: a kill-boundary of rank 1 at step 0, a FAIL for a fault that never fired). The other draws are unchanged."""
+    text = ('name = "x"\ndescription = "d"\n[job]\nnproc = 4\nnodes = [[0, 1], [2, 3]]\nmin_world_size = 2\n'
+            'steps = 200\nglobal_batch = 24\n[random]\nseed = 33055\nmtbf_steps = 10\n')
+    faults = parse(text, "h-c.toml").faults
+    assert [(f.kind, f.step) for f in faults if f.step == 0 and at_boundary(f.kind)] == []
+    assert [(f.kind, f.step, f.rank) for f in faults[:2]] == [("kill-boundary", 10, 0), ("pause-leader", 20, None)]
+    assert len(faults) == 16
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -130,6 +141,9 @@ def test_random_faults_plan_no_boundary_fault_right_after_a_fault_inside_the_ste
          "min_world_size = 3 is above nproc = 2: the job could never start"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[random]\nseed = "x"\nmtbf_steps = 5\n',
          "seed = 'x': must be an integer"),
+        ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "stuck"\nslot = 1\nstep = 0\n',
+         "a stuck at step 0 never fires: it fires at the boundary before its step, once step - 1 is committed; "
+         "give step = 1 or more"),
         ('name = "x"\ndescription = "d"\n[job]\nwarm_standby = false\n',
          r"warm_standby = False: must be an integer >= 0 \(how many warm standbys a launcher keeps: 0 for none\)"),
         # Each fired at nothing, and failed the run only at its end.
