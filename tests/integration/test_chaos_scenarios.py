@@ -307,6 +307,23 @@ def test_a_node_lost_with_the_hot_spare_on_it_costs_no_heartbeat_timeout(tmp_pat
     assert report["world_sizes"] == [2, 4] and report["faults"][0]["recover_s"] < 1.0, report["faults"]
 
 
+def test_a_paused_hot_spare_is_not_seated_in_place_of_a_killed_member(tmp_path: Path) -> None:
+    """The hot spare is SIGSTOPped (8 s); a second later a member that does not lead is killed. The spare's
+    announcement, made before its pause, stood and its heartbeat was not 6 s old, so the leader seated it and the
+    generation could not form until its heartbeat timed out (random schedule 33053 at the defaults: 3.5 s). A spare
+    the leader saw silent must now beat after the leader's question to be seated: it does not, and the killed member's
+    replacement takes the place. Sabotage: the doubt only for a lost node's neighbours, as before: 5.1 s here."""
+    scenario = tmp_path / "spare-paused.toml"
+    scenario.write_text(
+        'name = "spare-paused"\ndescription = "the hot spare paused, then a member killed"\n[job]\nnproc = 2\n'
+        'spares = 1\nsteps = 100\nglobal_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\n'
+        'ckpt_strategy = "none"\nheartbeat_timeout = 6.0\n[[faults]]\nkind = "pause"\nslot = 2\nstep = 30\n'
+        'duration = 8.0\n[[faults]]\nkind = "kill-follower"\nstep = 30\nafter = 1.0\n')
+    report = run(str(scenario), tmp_path)
+    killed = next(f for f in report["faults"] if f["kind"] == "kill-follower")
+    assert killed["recover_s"] < 2.0 and report["world_sizes"] == [2], report["faults"]
+
+
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:
     """The lost node's ranks are left out on evidence, long before their heartbeat timeout (6 s here); then the
     leader dies. Its successor saw none of that evidence and waited for the lost ranks until their heartbeats went
