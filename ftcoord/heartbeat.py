@@ -158,7 +158,8 @@ class Heartbeat:
             self._still_stack.moved()
 
     def _waiting_on_peers(self) -> bool:
-        """Is the training thread inside torch.distributed / autograd (waiting on peers: ftcoord.still_stack)?"""
+        """Is the training thread in a collective, or in ftcoord's join or finish (waiting on its peers:
+        ftcoord.still_stack.waits_on_peers)?"""
         return self._training_thread is not None and waits_on_peers(frame_of(self._training_thread))
 
     def _run(self) -> None:

@@ -123,9 +123,11 @@ class Judge:
         awaited until it beats after the question (seated), or is gone once a read a heartbeat interval after the
         question (probe_grace, if longer) shows no beat: a spare that announced itself does not answer the question
         (its interrupt monitor reads no question once announced, ftcoord.monitor), its next beat does. A leader that
-        took over from a hot spare that led, paused (SIGSTOP) and judged gone by its
-        silence (leader_gone_with_a_node), seated that same spare in place of a killed member: the generation could
-        not form until the spare's heartbeat timeout, 3.5 s at the defaults (random schedule 33053)."""
+        took over from a hot spare that led, paused (SIGSTOP) and judged gone by its silence
+        (leader_gone_with_a_node), seated that same spare in place of a killed member: the generation could not form
+        until the spare's heartbeat timeout, 3.5 s at the defaults (random schedule 33053). Left: a leader that took
+        over a moment ago has watched no spare's silence (a follower watches the leader alone), and seats one it cannot
+        vouch for, as before; asking every spare then would cost each takeover a beat's wait."""
         def incarnations(slots: set[int]) -> dict[int, int]:
             return {s: facts[s].incarnation for s in slots if s in facts}
 

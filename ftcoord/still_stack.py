@@ -7,8 +7,8 @@ the training thread's frames once it stood still anyway (the `:w` flag), logs th
 for half the progress timeout without waiting on its peers: `training_thread_still`, with `at` (the innermost frame,
 `path:line in function`) and `stack` (the whole of it, as a traceback prints it; structlog's console renders it
 below the line), and `ftcoord status` shows `at` until the thread moves. Once per stillness: the next one is logged
-after the thread moved again. A peer blocked in a
-collective with the culprit waits on it and logs nothing; neither does a thread inside ftcoord's join.
+after the thread moved again. A peer blocked in a collective with the culprit waits on it and logs nothing; neither
+does a thread inside ftcoord's join or finish (`waits_on_peers`, which the leader's culprit rule reads too).
 
 Half the timeout, not the timeout itself: the fence follows the timeout within a beat, and the stack must be in the
 log before the kill. A thread still that long is worth a line even when it is never fenced (a long evaluation with

@@ -192,13 +192,13 @@ class Wrapper:
             log.configure(Path(log_dir) / f"slot{participant.slot}-{os.getpid()}.jsonl")
         elif not log.is_configured():
             log.configure(None)
-        stack_dump.install(log_dir, participant.slot)  # a fence's SIGKILL is preceded by a dump of every stack
         self._start(participant)
         logger = log.get_logger(component="wrapper", slot=participant.slot, incarnation=participant.incarnation)
         restore_signal = self._install_sigterm(participant)
         pg_store = participant.clone_store()
         restarts, own_failures, step = 0, 0, -1
         leaving = True
+        stack_dump.install(log_dir, participant.slot)  # a fence's SIGKILL is preceded by a dump of every stack
         try:
             while True:
                 try:
