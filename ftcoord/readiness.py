@@ -83,7 +83,7 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     left_out = left_out_by(previous)
     expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone and left_out.get(s) != f.incarnation}
     on_its_way: set[int] = set()
-    if len(live) < policy.target_world_size:
+    if len(live) - len(not_live) < policy.target_world_size:  # a spare not seated is no joiner
         # Below target: wait for replacements a launcher is starting, rather than shrink now
         # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
         on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots

@@ -308,20 +308,25 @@ def test_a_node_lost_with_the_hot_spare_on_it_costs_no_heartbeat_timeout(tmp_pat
 
 
 def test_a_paused_hot_spare_is_not_seated_in_place_of_a_killed_member(tmp_path: Path) -> None:
-    """The hot spare is SIGSTOPped (8 s); a second later a member that does not lead is killed. The spare's
-    announcement, made before its pause, stood and its heartbeat was not 6 s old, so the leader seated it and the
+    """The hot spare is SIGSTOPped (12 s); a second later a member that does not lead is killed. The spare's
+    announcement, made before its pause, stood and its heartbeat was not 10 s old, so the leader seated it and the
     generation could not form until its heartbeat timed out (random schedule 33053 at the defaults: 3.5 s). A spare
-    the leader saw silent must now beat after the leader's question to be seated: it does not, and the killed member's
-    replacement takes the place. Sabotage: the doubt only for a lost node's neighbours, as before: 5.1 s here."""
+    the leader saw silent must now beat after the leader's question to be seated: it does not, and the generation
+    waits for the killed member's replacement (a cold start: no warm standby, so that the leader decides before the
+    replacement comes, and seated the spare before). Sabotage: the doubt only for a lost node's neighbours, as
+    before: the spare seated, the kill cost 9.0 s."""
     scenario = tmp_path / "spare-paused.toml"
     scenario.write_text(
         'name = "spare-paused"\ndescription = "the hot spare paused, then a member killed"\n[job]\nnproc = 2\n'
-        'spares = 1\nsteps = 100\nglobal_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\n'
-        'ckpt_strategy = "none"\nheartbeat_timeout = 6.0\n[[faults]]\nkind = "pause"\nslot = 2\nstep = 30\n'
-        'duration = 8.0\n[[faults]]\nkind = "kill-follower"\nstep = 30\nafter = 1.0\n')
+        'spares = 1\nwarm_standby = 0\nsteps = 150\nglobal_batch = 24\ndataset = "synthetic:768"\n'
+        'step_time = 0.03\nckpt_strategy = "none"\nheartbeat_timeout = 10.0\n[[faults]]\nkind = "pause"\n'
+        'slot = 2\nstep = 60\nduration = 12.0\n[[faults]]\nkind = "kill-follower"\nstep = 60\nafter = 1.0\n')
     report = run(str(scenario), tmp_path)
     killed = next(f for f in report["faults"] if f["kind"] == "kill-follower")
-    assert killed["recover_s"] < 2.0 and report["world_sizes"] == [2], report["faults"]
+    decided = read_logs(tmp_path / "spare-paused" / "logs", ("generation_decided",))
+    after_kill = sorted((e for e in decided if e["generation"] > 1), key=lambda e: e["generation"])[0]
+    assert 100000 not in after_kill["members"], after_kill
+    assert killed["recover_s"] < 6.0 and report["world_sizes"] == [2], report["faults"]
 
 
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:

@@ -275,6 +275,12 @@ def test_a_hot_spare_seen_silent_is_not_seated_until_it_answers(store_server: St
     judge.observe(killed, read_at=clock.now)
     unanswered = ready(killed)
     assert unanswered.decide and unanswered.not_live == {spare}, unanswered
+    # Its launcher says the killed member's replacement is on its way: waited for, as below target without the spare
+    # (counted as a joiner, it decided a world of one at once, grown back when the replacement came).
+    coming = {**killed, 2: _facts(2, beat=10, dead=2, replacing=3)}
+    judge.observe(coming, read_at=clock.now)
+    waiting = ready(coming)
+    assert not waiting.decide and waiting.missing == {2} and waiting.not_live == {spare}, waiting
     beating = {**killed, spare: _facts(spare, beat=11)}
     clock.now += 0.01
     judge.observe(beating, read_at=clock.now)
