@@ -59,18 +59,29 @@ def install(log_dir: str | os.PathLike[str] | None, slot: int) -> Path | None:
     return path
 
 
+def discard_empty(log_dir: str | None, slot: int, pid: int) -> None:
+    """A launcher reaped `pid`: its stacks file goes when empty (a process killed from outside had no time to remove
+    it; a fence's dump stays)."""
+    if log_dir:
+        _remove_if_empty(dump_path(log_dir, slot, pid))
+
+
+def _remove_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            path.unlink()
+
+
 def uninstall() -> None:
-    """Wrapper.run is over: no dump to ask for. Its file goes when empty (every process made one; a fence's dump stays,
-    and so does an empty one of a process killed otherwise, a SIGKILL from outside)."""
+    """Wrapper.run is over: no dump to ask for. Its file goes when empty (every process made one; a fence's dump stays;
+    the launcher discards the empty one of a process killed from outside: `discard_empty`)."""
     global _dump_file
     faulthandler.unregister(DUMP_SIGNAL)
     if _dump_file is None:
         return
     with contextlib.suppress(OSError):
         _dump_file.close()
-        path = Path(_dump_file.name)
-        if path.stat().st_size == 0:
-            path.unlink()
+    _remove_if_empty(Path(_dump_file.name))
     _dump_file = None
 
 

@@ -240,6 +240,8 @@ class Supervisor:
     def _on_exit(self, slot: SlotProcess, code: int) -> int | None:
         pid = slot.process.pid if slot.process else None
         slot.process = None
+        if pid is not None:
+            stack_dump.discard_empty(self.config.log_dir, slot.slot, pid)
         if code == 0:
             slot.finished = True
             self._log.info("child_finished", slot=slot.slot, pid=pid)

@@ -77,6 +77,8 @@ def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_stan
           f"full size again after {1000 * (full - killed_at):.0f} ms")
     run.assert_correct(200)
     assert [e["result"] for e in run.events("exit")] == ["done", "done"]
+    # The killed process could not remove its empty stacks file (ftcoord.stack_dump); its launcher did.
+    assert not list((tmp_path / "logs").glob("stacks-*")), list((tmp_path / "logs").glob("stacks-*"))
     # The standby started before the launcher imported torch and reached the store (their imports side by side).
     [standby], [launcher] = run.logs("standby_started"), run.logs("launcher_started")
     assert standby["mono"] < launcher["mono"], (standby, launcher)
