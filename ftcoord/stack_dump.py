@@ -6,10 +6,10 @@ call that holds the GIL, a helper thread stuck in a store call), and the SIGKILL
 faulthandler's signal handler still runs: it writes every thread's Python stack from C, without the GIL. So a rank
 registers it for DUMP_SIGNAL (`install`, from Wrapper.run; `uninstall` at its end) to write to
 `stacks-slot<S>-<pid>.txt` in its log directory (stderr without one), and a launcher that fences a process
-(`before_kill`) sends it DUMP_SIGNAL first, when the process
-catches it and is not stopped (a SIGSTOPped process runs no handler: nothing to wait for), waits until a thread of it
-took the signal and the file stopped growing (at most DUMP_WAIT_S), then kills it. The launcher says a replacement is
-coming before this (the leader waits FENCE_ANSWER_S for that, ftcoord.judgement), so the dump delays only the kill.
+(`before_kill`) sends it DUMP_SIGNAL first, when the process catches it and is not stopped (a SIGSTOPped process runs
+no handler: nothing to wait for), waits until a thread of it took the signal and the file stopped growing (at most
+DUMP_WAIT_S), then kills it. The launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S
+for that, ftcoord.judgement), so the dump delays only the kill.
 
 A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or sent.
 """
@@ -88,7 +88,8 @@ def uninstall() -> None:
 def dump(pid: int, path: Path | None) -> str:
     """Ask `pid` for its stacks and wait for them (at most DUMP_WAIT_S); what came of it: "dumped", "stopped" (it
     runs no handler), "not_installed" (it catches no DUMP_SIGNAL: not a Wrapper's rank, or not there yet),
-    "undelivered" (no thread took the signal in time: one in uninterruptible sleep, say) or "gone"."""
+    "undelivered" (no thread took the signal in time: one in uninterruptible sleep, say), "elsewhere" (it took the
+    signal, and `path` stayed empty: the rank was given a log directory of its own) or "gone"."""
     if stopped(pid):
         return "stopped"
     if not catches(pid, DUMP_SIGNAL):
@@ -111,9 +112,9 @@ def dump(pid: int, path: Path | None) -> str:
         if now != size:
             size, since = now, time.monotonic()
         elif size > 0 and time.monotonic() - since >= WRITTEN_S:
-            break
+            return "dumped"
         time.sleep(_POLL_S)
-    return "dumped"
+    return "dumped" if size > 0 else "elsewhere"
 
 
 def before_kill(pid: int, slot: int, log_dir: str | None, log: FilteringBoundLogger) -> str:
