@@ -17,6 +17,7 @@ from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
 from ftcoord.slot_report import SlotReport
 from ftcoord.store import get_or_none
+from tests.helpers.frames import count_frame_looks
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -134,18 +135,7 @@ def test_a_training_thread_still_on_its_peers_is_published_waiting_looked_at_onl
     only for one still for progress_timeout. Looking is a snapshot of every thread's frame, O(threads): it is taken
     once the training thread stood still for publish_every (at most a quarter of that timeout), not at every still
     beat (a quarter of a 64-participant process's CPU, chaos bench --scale)."""
-    import ftcoord.heartbeat as heartbeat_module
-    import ftcoord.still_stack as still_stack_module
-
-    monkeypatch.setattr(still_stack_module, "WAITING_MODULES", ("/tests/unit/test_liveness.py",))
-    looked_at: list[float] = []
-    real_frame_of = heartbeat_module.frame_of
-
-    def frame_of(thread_id: int):  # type: ignore[no-untyped-def]
-        looked_at.append(time.monotonic())
-        return real_frame_of(thread_id)
-
-    monkeypatch.setattr(heartbeat_module, "frame_of", frame_of)
+    looked_at = count_frame_looks(monkeypatch, ("/tests/unit/test_liveness.py",))
     store = job_store(connect(store_server.address), job_id)
     publish_every = 0.6
     heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=3, interval=0.05,

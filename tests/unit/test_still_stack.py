@@ -16,6 +16,7 @@ from ftcoord.heartbeat import Heartbeat
 from ftcoord.slot_report import SlotReport
 from ftcoord.still_stack import StillStack
 from ftcoord.store import get_or_none
+from tests.helpers.frames import count_frame_looks
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -90,18 +91,7 @@ def test_a_thread_waiting_on_its_peers_is_not_logged_and_its_frames_are_looked_a
     """A peer blocked in a collective with the culprit (here: a wait in threading.py, made a "peers" module) is not
     the culprit: nothing logged. A spare waits in its join for the whole job: its stillness costs one snapshot of the
     process's frames, not one a beat (chaos bench --scale)."""
-    import ftcoord.heartbeat as heartbeat_module
-    import ftcoord.still_stack as still_stack_module
-
-    monkeypatch.setattr(still_stack_module, "WAITING_MODULES", ("/threading.py",))
-    looked_at: list[float] = []
-    real_frame_of = heartbeat_module.frame_of
-
-    def frame_of(thread_id: int):  # type: ignore[no-untyped-def]
-        looked_at.append(time.monotonic())
-        return real_frame_of(thread_id)
-
-    monkeypatch.setattr(heartbeat_module, "frame_of", frame_of)
+    looked_at = count_frame_looks(monkeypatch, ("/threading.py",))
     log = Recorded()
     heartbeat = _heartbeat(store_server, job_id, log)
     peers = threading.Event()
