@@ -348,7 +348,8 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     of step s (after step s - 1 is committed) for the rank of an in-rank fault inside step s - 1, in either order
     drawn: that one ends the rank's step s - 1 before its commit, its peers commit it, and nobody holding that rank
     passes the boundary (seed 33019, three ranks and a spare: a kill-midstep of rank 1 at step 164 and its raise at
-    step 165, which never fired). The draws are the same either way."""
+    step 165, which never fired). And so is a boundary fault at step 0: no boundary comes before step 0 (seed 33055,
+    mtbf 10: a kill-boundary there never fired). The draws are the same either way."""
     rng = random.Random(seed)
     faults, step, ranks = [], 0.0, ranks_kept(job)
     aimed: dict[tuple[int, int], str] = {}  # (rank, step) of the faults aimed at a rank -> its point (ends_first)
