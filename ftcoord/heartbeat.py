@@ -65,6 +65,7 @@ class Heartbeat:
         self._progress = 0
         self._training_thread: int | None = None  # the thread that pings
         self._joining_thread: int | None = None  # the thread that joins generations: the training thread too
+        self._in_join = False  # that thread is in ftcoord's join: waiting on its peers, nothing to look at
         self._still_stack = still_stack
         self._published_progress = ""
         self._progress_at_beat = -1
@@ -106,7 +107,7 @@ class Heartbeat:
         step = self.report.step_in_generation() if self.report is not None else -1
         if self._still_stack is not None:
             if self._still_stack.due():
-                thread = self._training_thread or self._joining_thread
+                thread = None if self._in_join else self._training_thread or self._joining_thread
                 self._still_stack.look(frame_of(thread) if thread is not None else None, step)
             if self.report is not None:
                 self.report.still_at = self._still_stack.at
@@ -151,16 +152,25 @@ class Heartbeat:
         self._progress += 1
         self._training_thread = threading.get_ident()
 
+    def joining(self) -> None:
+        """The training thread waits in ftcoord's join: on its peers (published so, and looked at by nobody)."""
+        self._in_join = True
+
     def joined(self) -> None:
         """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.still_stack)."""
-        self._joining_thread = threading.get_ident()
+        self._joining_thread, self._in_join = threading.get_ident(), False
         if self._still_stack is not None:
             self._still_stack.moved()
 
     def _waiting_on_peers(self) -> bool:
         """Is the training thread in a collective, or in ftcoord's join or finish (waiting on its peers:
-        ftcoord.still_stack.waits_on_peers)?"""
-        return self._training_thread is not None and waits_on_peers(frame_of(self._training_thread))
+        ftcoord.still_stack.waits_on_peers)? Before its first ping the training thread is the one that joined: a
+        member waiting in its first all-reduce on a peer stuck in its first forward was published not waiting, and
+        the leader fenced it with the culprit (CI, test_heal: both replaced, the job restarted from step 0)."""
+        if self._in_join:  # no snapshot of every thread's frames: a spare waits there for hours (chaos bench --scale)
+            return True
+        thread = self._training_thread or self._joining_thread
+        return thread is not None and waits_on_peers(frame_of(thread))
 
     def _run(self) -> None:
         """Beat every interval, and at once when asked (`beat_now`)."""

@@ -168,9 +168,12 @@ class Participant:
     def join(self, step: int = -1) -> GenerationRecord:
         """Join the next generation that includes this process (see GenerationClient.join)."""
         rejoining = self.record if self.monitor.fired and self.monitor.reason not in (None, "superseded") else None
-        with self.leader.hurried():
-            record = self.generations.join(step, after=rejoining)
-        self.heartbeat.joined()
+        self.heartbeat.joining()
+        try:
+            with self.leader.hurried():
+                record = self.generations.join(step, after=rejoining)
+        finally:
+            self.heartbeat.joined()
         self.record = record
         self.leader.note_record(record)
         self.monitor.watch(record.generation, stopping=record.stop)
