@@ -63,8 +63,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._progress = 0
-        self._training_thread: int | None = None  # the thread that pings
-        self._joining_thread: int | None = None  # the thread that joins generations: the training thread too
+        self._training_thread: int | None = None  # the thread that joins generations and pings
         self._in_join = False  # that thread is in ftcoord's join: waiting on its peers, nothing to look at
         self._still_stack = still_stack
         self._published_progress = ""
@@ -107,7 +106,7 @@ class Heartbeat:
         step = self.report.step_in_generation() if self.report is not None else -1
         if self._still_stack is not None:
             if self._still_stack.due():
-                thread = None if self._in_join else self._training_thread or self._joining_thread
+                thread = None if self._in_join else self._training_thread
                 self._still_stack.look(frame_of(thread) if thread is not None else None, step)
             if self.report is not None:
                 self.report.still_at = self._still_stack.at
@@ -158,7 +157,7 @@ class Heartbeat:
 
     def joined(self) -> None:
         """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.still_stack)."""
-        self._joining_thread, self._in_join = threading.get_ident(), False
+        self._training_thread, self._in_join = threading.get_ident(), False
         if self._still_stack is not None:
             self._still_stack.moved()
 
@@ -169,8 +168,7 @@ class Heartbeat:
         the leader fenced it with the culprit (CI, test_heal: both replaced, the job restarted from step 0)."""
         if self._in_join:  # no snapshot of every thread's frames: a spare waits there for hours (chaos bench --scale)
             return True
-        thread = self._training_thread or self._joining_thread
-        return thread is not None and waits_on_peers(frame_of(thread))
+        return self._training_thread is not None and waits_on_peers(frame_of(self._training_thread))
 
     def _run(self) -> None:
         """Beat every interval, and at once when asked (`beat_now`)."""

@@ -45,8 +45,8 @@ def dump_path(log_dir: str | os.PathLike[str], slot: int, pid: int) -> Path:
     return Path(log_dir) / f"stacks-slot{slot}-{pid}.txt"
 
 
-def install(log_dir: str | os.PathLike[str] | None, slot: int) -> Path | None:
-    """Have DUMP_SIGNAL write this process's stacks to its file in `log_dir` (stderr when None); the file."""
+def install(log_dir: str | os.PathLike[str] | None, slot: int) -> None:
+    """Have DUMP_SIGNAL write this process's stacks to its file in `log_dir` (stderr when None)."""
     global _dump_file
     path = dump_path(log_dir, slot, os.getpid()) if log_dir else None
     if path is not None:
@@ -56,7 +56,6 @@ def install(log_dir: str | os.PathLike[str] | None, slot: int) -> Path | None:
         _dump_file = open(path, "a")  # noqa: SIM115 - faulthandler holds its descriptor until `uninstall`
     faulthandler.register(DUMP_SIGNAL, file=_dump_file if path is not None else sys.stderr, all_threads=True,
                           chain=False)
-    return path
 
 
 def discard_empty(log_dir: str | None, slot: int, pid: int) -> None:
