@@ -50,13 +50,21 @@ class Node:
     """Stopped for good by a partition fault (its processes still exist)."""
 
 
+CRASH_LOOP_RESTARTS = 20
+"""Restarts of one slot a launcher allows beyond those the scenario's own faults cause: the net that stops a crash
+loop (a rank that dies at every start), never one a schedule of planned deaths runs into."""
+
+
 class Launchers:
     """The launchers of one run: start, preempt (SIGTERM), lose (SIGKILL everything), partition (SIGSTOP everything)
     and restart."""
 
     def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
-                 output: Path, reference: bool = False) -> None:
+                 output: Path, reference: bool = False, faults: int = 0) -> None:
+        """`faults`: how many faults the scenario plans (each may cost a slot one restart; a fixed 20 stopped a
+        schedule that killed one slot 21 times, its launcher exiting 3 with 'restarts exhausted')."""
         self.job, self.store, self.job_id, self.out = job, store, job_id, out
+        self.max_restarts = CRASH_LOOP_RESTARTS + faults
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
         self.env = own_code_env(machine_env(**{PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)}))
         # The "nodes" share this machine: split its cores over all ranks, not per launcher.
@@ -72,7 +80,7 @@ class Launchers:
         launcher = ["--store", self.store, "--job-id", self.job_id, "--nproc", str(len(node.slots)),
                     "--first-slot", str(node.slots[0]), "--world-size", str(job.nproc),
                     "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
-                    "--restart-policy", job.restart_policy, "--max-restarts", "20", "--grace", "30",
+                    "--restart-policy", job.restart_policy, "--max-restarts", str(self.max_restarts), "--grace", "30",
                     "--log-dir", str(self.out / "logs")]
         return checkout_command("ftcoord.launch", [*launcher, "--", *checkout_command("training", training_args(
             job, self.out / "ckpt"))])

@@ -117,7 +117,7 @@ class ChaosRunner:
         self._link = StoreLink(server.address, job_id)
         self.store = self._link.connect()  # rides through the run's own store faults
         launchers = Launchers(self.scenario.job, server.address, job_id, self.out, self._plan(), self._crash_spec(),
-                              self.out / "launchers.out", reference=not self.faults)
+                              self.out / "launchers.out", reference=not self.faults, faults=len(self.faults))
         tail = LedgerTail(self.out / "logs")
         display = ProgressDisplay(self.title, self.scenario.job.steps, len(self.faults), quiet=self.quiet)
         pending = [(i, f) for i, f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
@@ -260,6 +260,16 @@ class ChaosRunner:
             self._record(index, fault, tail, pid, note=f"node {node.index}'s standby")
             if kind == "pause-standby":
                 self._pending_conts.append((time.monotonic() + fault.duration, pid))
+        elif kind == "pause-launcher":
+            node = launchers.node_of(fault.slot)
+            pid = node.process.pid if node.process is not None and node.process.poll() is None else None
+            if node.partitioned or not _signal(pid, signal.SIGSTOP):
+                if give_up:
+                    self._record(index, fault, tail, pid, fired=False,
+                                 note=f"node {node.index}'s launcher was not running for {FIRE_RETRY_S:.0f}s")
+                return False
+            self._record(index, fault, tail, pid, note=f"node {node.index}'s launcher, {fault.duration}s")
+            self._pending_conts.append((time.monotonic() + fault.duration, pid))
         elif kind == "store-restart":
             self._record(index, fault, tail, self.server.kill(fault.duration))  # its note: at the run's end
         elif kind == "store-hang":

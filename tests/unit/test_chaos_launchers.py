@@ -41,3 +41,16 @@ def test_a_runs_launchers_and_ranks_run_this_checkout_wherever_the_run_was_start
         assert done.returncode == 0, done.stdout + done.stderr
         assert "--steps" in done.stdout or "--nproc" in done.stdout, done.stdout
     assert "out/ckpt" in rank, rank
+
+
+def test_a_launchers_restart_budget_covers_every_fault_the_scenario_plans(tmp_path: Path) -> None:
+    """A schedule that kills one slot more than 20 times is a schedule, not a crash loop: with the old fixed
+    `--max-restarts 20` its launcher gave up on the 21st death (exit 3, 'restarts exhausted') and the run failed on
+    steps never committed. The budget is the planned faults plus a crash-loop net."""
+    job = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\n', "x.toml").job
+    for faults in (0, 25, 300):
+        launchers = Launchers(job, "127.0.0.1:1", "job", tmp_path, [], None, tmp_path / "launchers.out",
+                              faults=faults)
+        command = launchers.command(launchers.nodes[0])
+        budget = int(command[command.index("--max-restarts") + 1])
+        assert budget >= faults + 20, (faults, budget)
