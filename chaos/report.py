@@ -99,7 +99,7 @@ def incidents(logs: Path) -> list[dict[str, Any]]:
     return [{k: e.get(k) for k in INCIDENT_FIELDS} for e in read_logs(logs, ("generation_changed",))]
 
 
-STILL_FIELDS = ("slot", "incarnation", "pid", "step", "still_s", "at")
+STILL_FIELDS = ("slot", "incarnation", "pid", "step", "still_s", "at", "thread")
 
 
 def still_threads(logs: Path) -> list[dict[str, Any]]:
@@ -161,10 +161,11 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("still_threads"):
         lines += ["", "## Training threads that stood still (not waiting on their peers; the stack is in the rank's "
                   "log: `training_thread_still`)", "",
-                  "| slot | incarnation | pid | step | still (s) | at |", "|---|---|---|---|---|---|"]
+                  "| slot | incarnation | pid | step | still (s) | at | the thread, as the kernel saw it |",
+                  "|---|---|---|---|---|---|---|"]
         for t in report["still_threads"]:
             lines.append(f"| {t['slot']} | {t['incarnation']} | {t['pid']} | {t['step']} | {t['still_s']} | "
-                         f"`{t['at']}` |")
+                         f"`{t['at']}` | {t.get('thread') or 'unknown'} |")
     d = report["divergence"]
     lines += ["", "## Divergence from the reference", "",
               f"parameter L2 {d['param_l2']}, loss max diff {d['loss_max_diff']}, mean diff {d['loss_mean_diff']}, "

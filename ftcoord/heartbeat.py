@@ -64,6 +64,8 @@ class Heartbeat:
         self._wake = threading.Event()
         self._progress = 0
         self._training_thread: int | None = None  # the thread that joins generations and pings
+        # Its kernel id, read by itself: a process forked from the warm standby keeps its template's in `threading`.
+        self._training_native: int | None = None
         self._in_join = False  # that thread is in ftcoord's join: waiting on its peers, nothing to look at
         self._still_stack = still_stack
         self._published_progress = ""
@@ -107,7 +109,7 @@ class Heartbeat:
         if self._still_stack is not None:
             if self._still_stack.due():
                 thread = None if self._in_join else self._training_thread
-                self._still_stack.look(frame_of(thread) if thread is not None else None, step)
+                self._still_stack.look(frame_of(thread) if thread is not None else None, step, self._training_native)
             if self.report is not None:
                 self.report.still_at = self._still_stack.at
         counted = f"{self._progress}/{step}" if step >= 0 else str(self._progress)
@@ -149,7 +151,7 @@ class Heartbeat:
     def ping(self) -> None:
         """Record training progress: a local increment, published by a later beat."""
         self._progress += 1
-        self._training_thread = threading.get_ident()
+        self._training_thread, self._training_native = threading.get_ident(), threading.get_native_id()
 
     def joining(self) -> None:
         """The training thread waits in ftcoord's join: on its peers (published so, and looked at by nobody)."""
@@ -157,7 +159,8 @@ class Heartbeat:
 
     def joined(self) -> None:
         """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.still_stack)."""
-        self._training_thread, self._in_join = threading.get_ident(), False
+        self._training_thread, self._training_native = threading.get_ident(), threading.get_native_id()
+        self._in_join = False
         if self._still_stack is not None:
             self._still_stack.moved()
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 _STOPPED = ("T", "t")  # stopped by a signal (SIGSTOP, SIGTSTP; a debugger's stop), or by a tracer
 _EXIT_CODE = 49  # /proc/PID/stat's exit_code (field 52, Linux 3.5+), counted from the state (field 3)
+_UTIME, _STIME = 11, 12  # user and system CPU time in clock ticks (fields 14 and 15), counted from the state
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat from the state on; [] when the process is gone."""
+def _stat(pid: int, task: int | None = None) -> list[str]:
+    """The fields of /proc/PID/stat (of its thread `task`) from the state on; [] when the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat").read_text()
     except OSError:
         return []
     # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ")"
@@ -63,3 +65,49 @@ def catches(pid: int, signum: int) -> bool:
 def pending(pid: int, signum: int) -> bool:
     """`signum`, sent to the process, is not delivered yet (no thread of it took it)."""
     return bool(_signal_mask(pid, "ShdPnd") >> (signum - 1) & 1)
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """One thread as the kernel sees it: what a Python stack cannot say, whether the native code under its innermost
+    frame computes (R, its CPU time growing) or sleeps, and on what (a lock or condition: futex_...; a
+    socket; D: a disk read or page fault)."""
+
+    tid: int
+    name: str
+    state: str
+    """R running, S sleeping, D uninterruptible sleep, T stopped, ... (/proc's letter)."""
+    waits_in: str
+    """The kernel function it sleeps in (wchan); "" when it runs."""
+    cpu_s: float
+    """CPU time it has used, user and system."""
+
+    def line(self) -> str:
+        """`tid name state [waits_in] cpu_s`, one thread of a listing."""
+        waits = f" in {self.waits_in}" if self.waits_in else ""
+        return f"{self.tid} {self.name}: {self.state}{waits}, {self.cpu_s:.2f} s of CPU"
+
+
+def thread_state(pid: int, tid: int) -> ThreadState | None:
+    """Thread `tid` of `pid` as the kernel sees it now; None when it is gone (or this is not Linux)."""
+    fields = _stat(pid, tid)
+    if len(fields) <= _STIME:
+        return None
+    base = Path(f"/proc/{pid}/task/{tid}")
+    try:
+        name = (base / "comm").read_text().strip()
+        wchan = (base / "wchan").read_text().strip()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return ThreadState(tid, name, fields[0], "" if wchan in ("", "0") or fields[0] == "R" else wchan,
+                       (int(fields[_UTIME]) + int(fields[_STIME])) / ticks)
+
+
+def threads(pid: int) -> list[ThreadState]:
+    """Every thread of `pid` as the kernel sees it now; [] when the process is gone (or this is not Linux)."""
+    try:
+        tids = sorted(int(name) for name in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+    return [state for state in (thread_state(pid, tid) for tid in tids) if state is not None]

@@ -11,6 +11,11 @@ no handler: nothing to wait for), waits until a thread of it took the signal and
 DUMP_WAIT_S), then kills it. The launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S
 for that, ftcoord.judgement), so the dump delays only the kill.
 
+A Python stack ends at the innermost Python frame: a thread stuck in native code under it (a matmul, a lock, a page
+fault) looks the same as one computing there. So the launcher also writes below the stacks how the kernel saw each
+thread at the fence (`process_state.threads`: running, or asleep and in which kernel function, and its CPU time),
+read before the signal wakes any of them; its log line carries the main thread's.
+
 A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or sent.
 """
 
@@ -27,7 +32,7 @@ from typing import TextIO
 
 from structlog.typing import FilteringBoundLogger
 
-from ftcoord.process_state import catches, pending, stopped
+from ftcoord.process_state import catches, pending, stopped, threads
 
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 DUMP_WAIT_S = 0.2
@@ -116,10 +121,21 @@ def dump(pid: int, path: Path | None) -> str:
     return "dumped" if size > 0 else "elsewhere"
 
 
+KERNEL_VIEW = ("Threads as the kernel saw them at the fence (R: computing; S: asleep in the kernel function named, "
+               "futex_...: a lock or condition; D: a disk read or page fault):")
+
+
 def before_kill(pid: int, slot: int, log_dir: str | None, log: FilteringBoundLogger) -> str:
-    """A launcher's fence: `dump` the process of `slot` (its rank's file in `log_dir`), and log what came of it."""
+    """A launcher's fence: `dump` the process of `slot` (its rank's file in `log_dir`), and the kernel's view of its
+    threads below the stacks; log what came of it."""
     path = dump_path(log_dir, slot, pid) if log_dir else None
+    seen = threads(pid)  # before the signal: a sleeping thread that takes it runs for a moment
     outcome = dump(pid, path)
+    if path is not None and seen:
+        with contextlib.suppress(OSError), path.open("a") as file:
+            file.write("\n".join([KERNEL_VIEW, *(f"  {thread.line()}" for thread in seen)]) + "\n")
+    main = next((thread for thread in seen if thread.tid == pid), None)
     log.info("rank_stacks_dumped" if outcome == "dumped" else "rank_stacks_not_dumped", slot=slot, pid=pid,
-             outcome=outcome, file=str(path) if path is not None and outcome == "dumped" else None)
+             outcome=outcome, file=str(path) if path is not None and seen else None,
+             main_thread=main.line() if main is not None else None)
     return outcome

@@ -6,9 +6,12 @@ job stand still at their first step for 24 s, fenced, with no clue where). So th
 the training thread's frames once it stood still anyway (the `:w` flag), logs that thread's stack once it stood still
 for half the progress timeout without waiting on its peers: `training_thread_still`, with `at` (the innermost frame,
 `path:line in function`) and `stack` (the whole of it, as a traceback prints it; structlog's console renders it
-below the line), and `ftcoord status` shows `at` until the thread moves. Once per stillness: the next one is logged
-after the thread moved again. A peer blocked in a collective with the culprit waits on it and logs nothing; neither
-does a thread inside ftcoord's join or finish (`waits_on_peers`, which the leader's culprit rule reads too).
+below the line), `thread` (the kernel's view of it: computing, or asleep and in which kernel function, and its CPU
+time: a stack ends at the innermost Python frame, and a thread stuck in native code under it, a matmul waiting on a
+lock say, looks no different from one computing there), and `ftcoord status` shows `at` until the thread moves.
+Once per stillness: the next one is logged after the thread moved again. A peer blocked in a collective with the
+culprit waits on it and logs nothing; neither does a thread inside ftcoord's join or finish (`waits_on_peers`, which
+the leader's culprit rule reads too).
 
 Half the timeout, not the timeout itself: the fence follows the timeout within a beat, and the stack must be in the
 log before the kill. A thread still that long is worth a line even when it is never fenced (a long evaluation with
@@ -18,12 +21,15 @@ no `call.ping()` in it is one the leader would fence at the timeout).
 from __future__ import annotations
 
 import math
+import os
 import time
 import traceback
 from collections.abc import Callable
 from types import FrameType
 
 from structlog.typing import FilteringBoundLogger
+
+from ftcoord.process_state import thread_state
 
 WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
 """Where a training thread sits while it waits for its peers in a collective: among its innermost frames."""
@@ -89,8 +95,9 @@ class StillStack:
         """Has the thread stood still `after` seconds, and this stillness not been looked at yet?"""
         return not self._looked and self._clock() - self._since >= self.after
 
-    def look(self, frame: FrameType | None, step: int) -> None:
-        """Log where the thread whose innermost frame is `frame` stands, unless it waits on its peers."""
+    def look(self, frame: FrameType | None, step: int, native_id: int | None = None) -> None:
+        """Log where the thread whose innermost frame is `frame` (`threading.get_native_id()`: `native_id`) stands,
+        unless it waits on its peers."""
         self._looked = True
         if frame is None or waits_on_peers(frame):
             return
@@ -98,6 +105,12 @@ class StillStack:
         stack.reverse()  # outermost first, as a traceback prints it
         self.at = where(frame)
         self._log.warning("training_thread_still", still_s=round(self._clock() - self._since, 3), step=step,
-                          at=self.at, stack="".join(stack.format()).rstrip("\n"),
+                          at=self.at, stack="".join(stack.format()).rstrip("\n"), thread=_kernels_view(native_id),
                           why="no progress (call.ping) and not waiting on its peers; the leader fences it once "
                               "it stood still for progress_timeout")
+
+
+def _kernels_view(native_id: int | None) -> str | None:
+    """`ThreadState.line()` of this process's thread `native_id`; None when unknown."""
+    state = thread_state(os.getpid(), native_id) if native_id is not None else None
+    return state.line() if state is not None else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from ftcoord import StoreServer, connect, job_store, keys, pausepoints
 from ftcoord.decisions import LeaderClaim
 from ftcoord.process_state import state, stopped
+from ftcoord.stack_dump import KERNEL_VIEW
 from ftcoord.store import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
@@ -305,6 +307,11 @@ def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, j
     assert dumped["pid"] == fenced["pid"] and dumped["outcome"] == "dumped", dumped
     stacks = Path(dumped["file"]).read_text()
     assert 'allreduce_job.py", line' in stacks and "in train" in stacks, stacks
+    # Below them, the kernel's view of each thread: the stalled main thread asleep (in its sleep's kernel function).
+    kernel_view = stacks.partition(KERNEL_VIEW)[2]
+    asleep = re.compile(rf"{fenced['pid']} [^:]+: S in \w+, [0-9.]+ s of CPU")
+    assert asleep.search(kernel_view), stacks
+    assert asleep.fullmatch(dumped["main_thread"]), dumped
     # A process that ended of itself left no empty file (slot 0, and slot 1's replacement).
     assert [p.name for p in (tmp_path / "logs").glob("stacks-*")] == [Path(dumped["file"]).name]
     run.assert_correct(120)

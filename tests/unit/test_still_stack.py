@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from typing import Any
@@ -178,3 +179,32 @@ def test_a_thread_that_joined_and_waits_on_its_peers_before_its_first_ping_is_pu
         peers.set()
         heartbeat.stop()
         trainer.join(5)
+
+
+def test_a_thread_blocked_in_native_code_is_logged_with_the_kernels_view_of_it(
+        store_server: StoreServer, job_id: str) -> None:
+    """A stack ends at the innermost Python frame: a thread blocked on a lock below it (CI: a rank forked from the
+    warm standby stood 12 s in its first matmul, `linear.py:134 in forward` and nothing more) reads like one
+    computing there. The log line says which: asleep on a futex, with its native id and CPU time."""
+    log = Recorded()
+    heartbeat = _heartbeat(store_server, job_id, log)
+    held, native = threading.Lock(), []
+    held.acquire()
+
+    def train() -> None:
+        native.append(threading.get_native_id())
+        heartbeat.joined()
+        held.acquire()  # blocked in the kernel, without the GIL, its innermost Python frame this line
+
+    heartbeat.start()
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        wait_until(lambda: log.events, 10, "the still training thread logged")
+        (event,) = log.events
+        assert event["at"].endswith(" in train"), event
+        assert re.fullmatch(rf"{native[0]} [^:]+: S in futex\w*, [0-9.]+ s of CPU", event["thread"]), event
+    finally:
+        held.release()
+        trainer.join(5)
+        heartbeat.stop()
