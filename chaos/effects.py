@@ -15,7 +15,7 @@ read from the run's own ledger after the moment the fault was injected:
 | preempt                                           | the job stops at a step boundary, then resumes    |
 | ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
 | slow                                              | nothing (it must not be taken for a death)        |
-| kill-standby, pause-standby                       | the job trains on: a step is committed after it   |
+| kill-standby, pause-standby, pause-launcher       | the job trains on: a step is committed after it   |
 | store-restart, store-hang                         | steps are committed while the store is away       |
 |   (the job standing still behind an earlier fault, | the job trains on: a step is committed after it   |
 |   or stopped by a later one before its next step)  |                                                   |
@@ -61,7 +61,8 @@ EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midste
            "lose": NEW_GENERATION, "partition": NEW_GENERATION, "replace": FULL_SIZE, "preempt": STOP_AND_RESUME,
            "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING, "stuck": NEW_GENERATION,
            "pause": TRAINS_ON, "pause-leader": TRAINS_ON, "store-restart": TRAINS_THROUGH,
-           "store-hang": TRAINS_THROUGH, "kill-standby": TRAINS_ON, "pause-standby": TRAINS_ON}
+           "store-hang": TRAINS_THROUGH, "kill-standby": TRAINS_ON, "pause-standby": TRAINS_ON,
+           "pause-launcher": TRAINS_ON}
 
 
 def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -110,7 +111,7 @@ def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records
     return False
 
 
-NOT_STOPPING = ("kill-standby", "pause-standby", "store-restart", "store-hang")
+NOT_STOPPING = ("kill-standby", "pause-standby", "pause-launcher", "store-restart", "store-hang")
 """Faults that leave a step's path as it is: the job trains on through them (a store fault does, by design). A slow
 step stops it for its duration: for a store fault as long as it or longer."""
 

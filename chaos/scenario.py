@@ -50,9 +50,11 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "ra
 # of generations long decided); replace: a new launcher for a lost or partitioned node (a partitioned one is killed).
 # kill-standby: SIGKILL the warm standby of the node that runs `slot` (the template its ranks are forked from);
 # pause-standby: SIGSTOP it, SIGCONT it `duration` s later (a fault that comes meanwhile is replaced without it).
+# pause-launcher: SIGSTOP the launcher of the node that runs `slot` alone, SIGCONT it `duration` s later: its ranks
+# train on, and whatever it must do meanwhile (replace a dead rank, kill a fenced one) waits for it.
 OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
                  "lose", "partition", "replace", "early-restart", "store-restart", "store-hang", "kill-standby",
-                 "pause-standby")
+                 "pause-standby", "pause-launcher")
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
                 "pause-leader", "stuck")
@@ -277,7 +279,7 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         raise ScenarioError(f"{where}: a {fault.kind} needs a warm standby: this job has warm_standby = "
                             f"{job.warm_standby} and restart_policy = {job.restart_policy!r} (the standby needs 1 and "
                             f"'slot')")
-    if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow", "pause-standby") and fault.duration <= 0:
+    if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow", "pause-standby", "pause-launcher") and fault.duration <= 0:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
                             f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")

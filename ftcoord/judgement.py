@@ -213,6 +213,17 @@ class Judge:
                 if now - at < FENCE_ANSWER_S and slot in facts and facts[slot].incarnation == incarnation
                 and not facts[slot].is_gone(incarnation) and not facts[slot].being_replaced}
 
+    def fenced_alive(self, facts: dict[int, SlotFacts]) -> set[int]:
+        """Slots whose process (the incarnation in `facts`) this leader fenced and that are not gone yet: its launcher
+        has not killed it (not yet, or not at all: a launcher SIGSTOPped, or too busy to run; or none runs it). Not
+        awaited, whatever its heartbeat says, once its launcher is past due (`unanswered_fences`): counted alive by
+        its heartbeat, a rank fenced as hung whose launcher was paused held the next generation for join_timeout (a
+        chaos schedule, pause-launcher: 3.2 s). One that announces itself is seated as any joiner: under a launcher
+        it never does (it ends itself first: ftcoord.generation raise_if_superseded), and with none to carry out its
+        fence it is meant to take part again."""
+        return {slot for slot, incarnation in self.fenced
+                if slot in facts and facts[slot].incarnation == incarnation and not facts[slot].is_gone(incarnation)}
+
     def until_fences_answered(self, now: float) -> float:
         """Seconds until the next fence's launcher is due to have answered (the leader looks again then); inf: none."""
         due = [at + FENCE_ANSWER_S - now for at in self.fenced.values() if at + FENCE_ANSWER_S > now]

@@ -8,7 +8,9 @@ Recovery at the speed of evidence, not of timeouts:
   record carries such members as left out, so a leader that takes over does not wait for their heartbeat timeout;
   a hot spare on the same node as members gone so (their node is lost), or one the leader saw silent for
   evidence_silence (its announcement may be older than its silence), must beat after the leader's question to be
-  seated (Judge.outsiders_in_doubt); silence for heartbeat_timeout is the last resort;
+  seated (Judge.outsiders_in_doubt); silence for heartbeat_timeout is the last resort; a process this leader fenced
+  is awaited until its launcher answers (FENCE_ANSWER_S at most), never beyond, however it beats (its launcher
+  paused: Judge.fenced_alive);
 - a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
   (one generation change, the world size kept, however slow a cold start), and so is a live member of the running
   generation while no joiner holds its state (`_state_left_behind`: the joiners alone would start from a
@@ -81,7 +83,9 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
     if outsiders and previous is not None:
         doubted, not_live = judge.outsiders_in_doubt(previous, lost, outsiders, facts)
     left_out = left_out_by(previous)
-    expected = {s for s, f in facts.items() if judge.alive(f) and s not in gone and left_out.get(s) != f.incarnation}
+    fenced = judge.fenced_alive(facts)  # out, whatever their heartbeats say (awaited below until answered)
+    expected = {s for s, f in facts.items()
+                if judge.alive(f) and s not in gone and s not in fenced and left_out.get(s) != f.incarnation}
     on_its_way: set[int] = set()
     if len(live) - len(not_live) < policy.target_world_size:  # a spare not seated is no joiner
         # Below target: wait for replacements a launcher is starting, rather than shrink now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,25 @@ def test_a_stuck_rank_is_fenced_as_the_culprit_before_its_peers_collective_times
     (still,) = report["still_threads"]
     assert still["slot"] == stuck["slot"] and still["at"].endswith(" in _fire") and "chaos/inject.py" in still["at"]
     assert 3.0 <= still["still_s"] < 6.0, still
+    assert re.fullmatch(rf"{still['pid']} [^:]+: S in \w+, [0-9.]+ s of CPU", still["thread"]), still  # the sleep
     assert f"`{still['at']}`" in (tmp_path / "stuck-pg" / "report.md").read_text()
+
+
+@pytest.mark.slow  # 31 s; the rule (a fenced process past its launcher's answer is not awaited) is unit-tested by default
+def test_a_paused_launcher_delays_only_what_it_must_do_itself(tmp_path: Path) -> None:
+    """A node's launcher SIGSTOPped for 10 s: its ranks train on. A rank killed meanwhile is decided without at once
+    and replaced when the launcher wakes; a rank stuck meanwhile is fenced at progress_timeout (4 s) and decided
+    without once its launcher is past due, though that launcher kills it only when it wakes. Sabotage: a fenced
+    process counted alive by its heartbeat (before Judge.fenced_alive) held that decision for join_timeout, 3.2 s."""
+    report = run("pause-launcher", tmp_path)
+    pause, kill, stuck = report["faults"]
+    assert kill["recover_s"] < 1.0 and pause["full_recover_s"] >= 10.0, report["faults"]  # replaced once awake
+    assert 4.0 <= stuck["detect_s"] < 5.0 and stuck["recover_s"] - stuck["detect_s"] < 1.5, stuck
+    logs = tmp_path / "pause-launcher" / "logs"
+    [killed] = read_logs(logs, ("rank_fenced_killed",))
+    [fenced] = [e for e in read_logs(logs, ("rank_fenced",)) if e.get("reason") == "hung"]
+    assert killed["mono"] - fenced["mono"] > 2.0, (fenced, killed)  # its launcher killed it only once awake
+    assert report["world_sizes"] == [1, 2, 3], report["world_sizes"]
 
 
 def test_preempt(tmp_path: Path) -> None:

@@ -321,3 +321,31 @@ def test_joiners_that_hold_no_state_wait_for_a_live_member_that_does(store_serve
     assert partial.decide and partial.missing == {0, 2}, "with a member, the others get join_timeout, as before"
     new_incarnation = {**facts, 1: replace(facts[1], incarnation=3)}
     assert not ready([*outsider, JoinRequest(4, 1, 3, -1)], at + timing.join_timeout + 0.1, new_incarnation).decide
+
+
+def test_a_fenced_process_its_launcher_leaves_alive_is_not_awaited(store_server: StoreServer, job_id: str) -> None:
+    """A member fenced for its silence comes back (SIGCONT) before its launcher killed it, and its launcher does not
+    answer (SIGSTOPped itself, or too busy to run): the process beats again, alive by its heartbeat. It was awaited
+    for join_timeout at every decision (a chaos schedule, pause-launcher: a rank fenced as hung whose launcher was
+    paused held the next generation 3.2 s). Once its launcher is past due (FENCE_ANSWER_S), it is not awaited.
+    Sabotage: counted alive by its heartbeat, as before: the first decision below waits for it."""
+    timing, clock = Timing(), Clock()
+    judge = Judge(job_store(connect(store_server.address), job_id), timing, None, get_logger())
+    judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
+    previous = GenerationRecord(generation=3, members=(0, 1, 2), incarnations=(2, 2, 2), leader=0, leader_term=1,
+                                target_world_size=3)
+    judge.observe({s: _facts(s, beat=10) for s in (0, 1, 2)}, read_at=clock.now)
+    clock.now += timing.heartbeat_timeout + 0.1
+    silent = {0: _facts(0, beat=20), 1: _facts(1, beat=10), 2: _facts(2, beat=20)}
+    judge.observe(silent, read_at=clock.now)
+    assert judge.interrupt_if_member_dead(previous, silent, clock.now, term=1)  # fences slot 1's incarnation 2
+    fenced_at = judge.fenced[(1, 2)]
+    clock.now += 0.1
+    back = {**silent, 1: _facts(1, beat=11)}  # beating again; no dead mark, no replacement: no answer
+    judge.observe(back, read_at=clock.now)
+    assert judge.alive(back[1]), "the fenced process must be alive by its heartbeat for this test"
+    at = fenced_at + FENCE_ANSWER_S + 0.01
+    others = [JoinRequest(4, s, 2, 30) for s in (0, 2)]
+    ready = readiness(others, len(others), back, OpenClock(at, at), at, judge, previous, True, QuorumPolicy(3),
+                      timing)
+    assert ready.decide and 1 not in ready.missing, ready
