@@ -398,7 +398,10 @@ class LeaderDuty:
         if record is None:
             return False
         if record.failed is None:
-            left_out = still_left_out(record, proposal.ready.missing | proposal.ready.gone, facts, previous)
+            # Left out on this leader's word alone (a fence, the evidence of a closed connection, a last call): in the
+            # record, so that a next leader, which saw none of it, does not wait for them either.
+            left_out = still_left_out(record, proposal.ready.missing | proposal.ready.gone
+                                      | self._judge.fenced_alive(facts), facts, previous)
             record = replace(record, stop=stop_asked(self._store), left_out=tuple(sorted(left_out.items())))
         return self._write(record, current, partial=not proposal.ready.everyone)
 

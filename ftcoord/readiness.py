@@ -145,7 +145,11 @@ def still_left_out(record: GenerationRecord, missing: frozenset[int], facts: dic
     (`previous`'s, carried on, and `missing`). One stays so until it announces itself (the record considered it) or
     its slot has a new incarnation; a replacement on its way is a new incarnation, never left out. A leader that
     decides after a leader that died knows them from the record: a lost node's members, left out on the evidence of
-    its peers' closed connections, cost it no wait for their heartbeat timeout (mixed schedule L: 2.3 s)."""
+    its peers' closed connections, cost it no wait for their heartbeat timeout (mixed schedule L: 2.3 s); so do the
+    processes the deciding leader fenced and that are not dead yet (the leader passes them with `missing`): a member
+    paused, fenced for its silence, its launcher paused too, then the leader killed: the next leader, which had never
+    watched that silence, waited for it as alive (a chaos schedule: 0.85 s, until it woke; its heartbeat timeout at
+    most)."""
     considered = {slot for slot, _ in record.considered}
     kept = {s: i for s, i in left_out_by(previous).items()
             if s not in considered and s in facts and facts[s].incarnation == i}

@@ -148,7 +148,7 @@ def test_a_stuck_rank_is_fenced_as_the_culprit_before_its_peers_collective_times
     assert f"`{still['at']}`" in (tmp_path / "stuck-pg" / "report.md").read_text()
 
 
-@pytest.mark.slow  # 31 s; the rule (a fenced process past its launcher's answer is not awaited) is unit-tested by default
+@pytest.mark.slow  # 31 s; the rule (a fenced process is not awaited past its launcher's answer) is unit-tested
 def test_a_paused_launcher_delays_only_what_it_must_do_itself(tmp_path: Path) -> None:
     """A node's launcher SIGSTOPped for 10 s: its ranks train on. A rank killed meanwhile is decided without at once
     and replaced when the launcher wakes; a rank stuck meanwhile is fenced at progress_timeout (4 s) and decided
@@ -163,6 +163,26 @@ def test_a_paused_launcher_delays_only_what_it_must_do_itself(tmp_path: Path) ->
     [fenced] = [e for e in read_logs(logs, ("rank_fenced",)) if e.get("reason") == "hung"]
     assert killed["mono"] - fenced["mono"] > 2.0, (fenced, killed)  # its launcher killed it only once awake
     assert report["world_sizes"] == [1, 2, 3], report["world_sizes"]
+
+
+@pytest.mark.slow  # 30 s; the fence rules of ftcoord.readiness are unit-tested by default
+def test_a_leader_that_takes_over_does_not_wait_for_a_member_its_predecessor_fenced(tmp_path: Path) -> None:
+    """A member paused past its heartbeat timeout is fenced and decided without, and its launcher, paused too, does
+    not kill it; then the leader is killed. The next leader never watched that member's silence: it read it alive
+    by its heartbeat and waited for it (2.68 s here, its heartbeat timeout from the takeover). The deciding leader
+    now writes the processes it fenced into the record's left_out (ftcoord.readiness.still_left_out), as it does
+    those it left out at a last call or on evidence. Sabotage: without them, the kill-leader's recovery waits."""
+    spec = tmp_path / "fenced-then-leader.toml"
+    spec.write_text('name = "fenced-then-leader"\ndescription = "a member fenced, its launcher paused, then the leader '
+                    'killed"\n[job]\nnproc = 3\nnodes = [[0], [1, 2]]\nsteps = 200\nglobal_batch = 24\n'
+                    'dataset = "synthetic:768"\nstep_time = 0.03\nckpt_strategy = "none"\n'
+                    '[[faults]]\nkind = "pause-launcher"\nslot = 1\nstep = 30\nduration = 12.0\n'
+                    '[[faults]]\nkind = "pause"\nslot = 2\nstep = 32\nduration = 10.0\n'
+                    '[[faults]]\nkind = "kill-leader"\nstep = 60\n')
+    report = run(str(spec), tmp_path)
+    _, paused, leader = report["faults"]
+    assert paused["detect_s"] < 3.0, paused  # fenced for its silence (heartbeat_timeout 2 s)
+    assert leader["recover_s"] < 1.0, leader
 
 
 def test_preempt(tmp_path: Path) -> None:
