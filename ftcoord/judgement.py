@@ -219,8 +219,10 @@ class Judge:
         awaited, whatever its heartbeat says, once its launcher is past due (`unanswered_fences`): counted alive by
         its heartbeat, a rank fenced as hung whose launcher was paused held the next generation for join_timeout (a
         chaos schedule, pause-launcher: 3.2 s). One that announces itself is seated as any joiner: under a launcher
-        it never does (it ends itself first: ftcoord.generation raise_if_superseded), and with none to carry out its
-        fence it is meant to take part again."""
+        it ends itself first while this leader leads (ftcoord.slots.fenced, from raise_if_superseded), and a deposed
+        leader's fence names nobody (its launcher does not carry it out either); with no launcher to carry out its
+        fence it is meant to take part again. Its next leader does not wait for it either: the record carries it as
+        left out (the leader passes these to ftcoord.readiness.still_left_out)."""
         return {slot for slot, incarnation in self.fenced
                 if slot in facts and facts[slot].incarnation == incarnation and not facts[slot].is_gone(incarnation)}
 
