@@ -30,7 +30,10 @@ class TimedEvent(gevent.event.Event):
         wake = waiter.switch  # one bound method: rawlink and unlink must be given the same
         timer = hub.loop.timer(timeout)
         self.rawlink(wake)  # called with this event once it is set
-        timer.start(wake, None)
+        # From now, not from the loop's idea of now: that is the time the loop last ran, which a greenlet busy since
+        # (an import, a long computation) left behind; the timer then ran out at once (CI: 0.08 ms of a 50 ms wait).
+        # gevent's own Timeout updates it too.
+        timer.start(wake, None, update=True)
         try:
             waiter.get()
         finally:
