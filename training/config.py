@@ -11,6 +11,8 @@ from training.errors import DatasetNotFound, TrainingConfigError
 
 STRATEGIES = ("none", "blocking", "overlapped", "flash")
 MODELS = ("mlp", "small-cnn", "resnet18", "big-mlp")
+IMAGE_MODELS = ("small-cnn", "resnet18")
+"""Models that need image inputs (C, H, W): every dataset but `synthetic` (vectors of 32) gives them."""
 GRAD_REDUCTIONS = ("fixed", "allreduce")
 """fixed: gradients summed in rank order (training.reduction; the default); allreduce: DDP's built-in
 (exact only up to 2 ranks)."""
@@ -135,7 +137,12 @@ class TrainConfig:
                                       f"{', '.join(GRAD_REDUCTIONS)}")
         if self.optimizer not in ("sgd", "adam"):
             raise TrainingConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adam")
-        DatasetSpec.parse(self.dataset)
+        dataset = DatasetSpec.parse(self.dataset)
+        if self.model in IMAGE_MODELS and dataset.name == "synthetic":
+            # Before any rank imports torch (training.models says so too, once every rank built its dataset).
+            raise TrainingConfigError(f"--model {self.model} needs image inputs (C, H, W), and --dataset "
+                                      f"{self.dataset} gives vectors of 32; use --dataset fakedata[:N], "
+                                      f"cifar10:PATH or imagefolder:PATH, or --model mlp")
 
     def trajectory(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}

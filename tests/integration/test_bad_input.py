@@ -80,6 +80,8 @@ ROWS = [
         ("'synthetic:abc'", "whole number")),
     Row("training dataset smaller than a batch", (*TRAINING, "--dataset", "synthetic:8", "--global-batch", "32"), 2,
         ("8 samples", "global_batch=32", "--global-batch")),
+    Row("training image model on vectors", (*TRAINING, "--model", "small-cnn", "--dataset", "synthetic:64"), 2,
+        ("--model small-cnn", "synthetic:64", "--dataset fakedata")),
     Row("training missing CIFAR folder", (*TRAINING, "--dataset", "cifar10:/nonexistent"), 2,
         ("'/nonexistent'", "does not exist", "never")),
     Row("training unknown model", (*TRAINING, "--model", "gpt5"), 2, ("'gpt5'", "mlp")),

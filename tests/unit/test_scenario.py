@@ -137,6 +137,9 @@ def test_random_faults_plan_no_boundary_fault_at_step_0() -> None:
          "heartbeat_timeout=1.5s must be at least twice heartbeat_interval=1.0s"),
         ('name = "x"\ndescription = "d"\n[job]\ndataset = "nosuch"\n', "unknown dataset 'nosuch'"),
         ('name = "x"\ndescription = "d"\n[job]\noptimizer = "rmsprop"\n', "'rmsprop': choose sgd or adam"),
+        # Started every process, and failed in the reference run, its reason in a file of launcher output.
+        ('name = "x"\ndescription = "d"\n[job]\nmodel = "small-cnn"\ndataset = "synthetic:768"\n',
+         r"--model small-cnn needs image inputs \(C, H, W\), and --dataset synthetic:768 gives vectors of 32"),
         ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nmin_world_size = 3\n',
          "min_world_size = 3 is above nproc = 2: the job could never start"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[random]\nseed = "x"\nmtbf_steps = 5\n',
