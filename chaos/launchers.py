@@ -140,6 +140,10 @@ class Launchers:
                 os.killpg(node.process.pid, signal.SIGCONT)
         node.partitioned = False
 
+    def partitioned_groups(self) -> set[int]:
+        """The process groups that a partition holds stopped (a node's launcher leads its node's group)."""
+        return {node.process.pid for node in self.nodes if node.partitioned and node.process is not None}
+
     def kill_all(self) -> None:
         for node in self.nodes:
             self.kill(node)

@@ -139,7 +139,7 @@ class ChaosRunner:
                     give_up = now - retrying.setdefault(index, now) > FIRE_RETRY_S
                     if self._inject(index, fault, tail, launchers, give_up) or give_up:
                         pending.remove((index, fault))
-                self._resume_stopped(now)
+                self._resume_stopped(now, launchers)
                 self._heal_partitions(now, launchers)
                 server.tick(now)
                 if crash is not None and self._crash_marker.exists():
@@ -326,15 +326,27 @@ class ChaosRunner:
                 self._pending_heals.remove((due, index))
                 launchers.resume(launchers.nodes[index])
 
-    def _resume_stopped(self, now: float) -> None:
+    def _resume_stopped(self, now: float, launchers: Launchers) -> None:
         """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a
         leader paused already, such as a hot spare that won the first election: the shorter pause's SIGCONT cut the
-        longer one short, and the spare was neither fenced nor replaced)."""
+        longer one short, and the spare was neither fenced nor replaced). A process of a node partitioned since stays
+        stopped: the partition holds it, and its heal (Launchers.resume) continues the node's whole process group (a
+        rank's or a launcher's pause that ended inside a partition woke that one process of a node that answers
+        nothing)."""
+        held = launchers.partitioned_groups()
         for due, pid in sorted(self._pending_conts):
             if now >= due:
                 self._pending_conts.remove((due, pid))
-                if all(other != pid for _, other in self._pending_conts):
+                if all(other != pid for _, other in self._pending_conts) and _group_of(pid) not in held:
                     _signal(pid, signal.SIGCONT)
+
+
+def _group_of(pid: int) -> int | None:
+    """The process group of `pid` (a node's launcher's pid for every process of that node); None when it is gone."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _remove_flash_images(job_id: str) -> None:

@@ -3,7 +3,10 @@ run."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from chaos.launchers import Launchers
 from chaos.scenario import parse
 from tests.helpers.decoy import decoy_checkout
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,3 +58,36 @@ def test_a_launchers_restart_budget_covers_every_fault_the_scenario_plans(tmp_pa
         command = launchers.command(launchers.nodes[0])
         budget = int(command[command.index("--max-restarts") + 1])
         assert budget >= faults + 20, (faults, budget)
+
+
+def test_a_pause_that_ends_inside_a_partition_of_its_node_leaves_the_process_stopped(tmp_path: Path) -> None:
+    """A rank (or a launcher) paused, then its node partitioned before the pause ended: the pause's SIGCONT woke
+    that one process inside a node that answers nothing. The partition now holds it, and the partition's heal
+    continues the whole node. Real processes in a session of their own, as a node's launcher is."""
+    from chaos.run import ChaosRunner
+    from ftcoord.process_state import stopped
+
+    scenario = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\nnodes = [[0], [1]]\n',
+                     "x.toml")
+    launchers = Launchers(scenario.job, "127.0.0.1:1", "job", tmp_path, [], None, tmp_path / "launchers.out")
+    runner = ChaosRunner(scenario, tmp_path / "run", quiet=True)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    partitioned, other = (launchers.nodes[i] for i in (1, 0))
+    try:
+        for node in (partitioned, other):
+            node.process = subprocess.Popen(sleeper, start_new_session=True)
+            os.kill(node.process.pid, signal.SIGSTOP)  # a pause of it
+            pid = node.process.pid
+            wait_until(lambda pid=pid: stopped(pid), 10, "the pause took hold")
+            runner._pending_conts.append((0.0, pid))  # ... over now
+        launchers.stop(partitioned)  # its node partitioned meanwhile
+        runner._resume_stopped(1.0, launchers)
+        wait_until(lambda: not stopped(other.process.pid), 10, "a pause that ended outside any partition ended")
+        assert stopped(partitioned.process.pid), "the pause's SIGCONT woke a process its partition holds"
+        launchers.resume(partitioned)
+        wait_until(lambda: not stopped(partitioned.process.pid), 10, "the partition's heal continued it")
+    finally:
+        for node in (partitioned, other):
+            if node.process is not None:
+                node.process.kill()
+                node.process.wait(10)
