@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -169,7 +170,7 @@ def test_cli_unknown_scenario_is_a_clear_error() -> None:
     assert "no scenario 'no-such-scenario'" in result.stderr and "kill-boundary" in result.stderr
 
 
-def test_overlapping_pauses_of_one_process_end_with_the_last() -> None:
+def test_overlapping_pauses_of_one_process_end_with_the_last(tmp_path: Path) -> None:
     """Two pauses of one process overlap (a pause-leader of a leader paused already: a hot spare that won the first
     election and was paused as the spare): it stays stopped until the longer one ends. The shorter one's SIGCONT
     cut the longer short, so the spare was neither fenced nor replaced (test_pause_in_every_role, under load)."""
@@ -178,6 +179,7 @@ def test_overlapping_pauses_of_one_process_end_with_the_last() -> None:
     import time
     from types import SimpleNamespace
 
+    from chaos.launchers import Launchers
     from chaos.run import ChaosRunner
 
     def state(pid: int) -> str:
@@ -191,10 +193,12 @@ def test_overlapping_pauses_of_one_process_end_with_the_last() -> None:
         while state(child.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.01)
         runner = SimpleNamespace(_pending_conts=[(100.0, child.pid), (106.0, child.pid)])
-        ChaosRunner._resume_stopped(runner, now=101.0)  # type: ignore[arg-type]
+        job = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\n', "x.toml").job
+        launchers = Launchers(job, "127.0.0.1:1", "job", tmp_path, [], None, tmp_path / "launchers.out")
+        ChaosRunner._resume_stopped(runner, now=101.0, launchers=launchers)  # type: ignore[arg-type]
         time.sleep(0.2)
         assert state(child.pid) == "T", "the shorter pause's end resumed a process still paused by the longer"
-        ChaosRunner._resume_stopped(runner, now=106.0)  # type: ignore[arg-type]
+        ChaosRunner._resume_stopped(runner, now=106.0, launchers=launchers)  # type: ignore[arg-type]
         deadline = time.monotonic() + 5
         while state(child.pid) == "T" and time.monotonic() < deadline:
             time.sleep(0.01)
