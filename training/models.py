@@ -6,7 +6,7 @@ import torch
 import torchvision
 from torch import nn
 
-from training.config import MODELS  # noqa: F401 - re-exported: the names build_model knows
+from training.config import IMAGE_MODELS, MODELS  # noqa: F401 - MODELS re-exported: the names build_model knows
 from training.errors import TrainingConfigError
 
 
@@ -26,7 +26,7 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
         for _ in range(6):
             layers += [nn.Linear(width, width), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(width, classes))
-    if name in ("small-cnn", "resnet18") and len(input_shape) != 3:
+    if name in IMAGE_MODELS and len(input_shape) != 3:
         raise TrainingConfigError(f"{name} needs image inputs (C, H, W), not shape {input_shape}; "
                                   f"use --dataset fakedata or cifar10:PATH")
     if name == "small-cnn":
