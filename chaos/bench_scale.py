@@ -34,13 +34,14 @@ few processes on this machine, so the network is loopback and every participant'
   state, asked of their workers); a change over 1 s: how late each worker's participants were; and
   `unasked_changes`: generation changes nobody asked for, with the interrupts' reasons (each a false positive).
 
-`--participants events` runs the bulk's participants on an event loop instead (chaos.scale_worker_events): the
-same ftcoord code, each of its threads a greenlet, each store client chaos.wire_store's (the same bytes on the wire
-as torch's client). On a machine of few cores, thousands of threads woken at once cost the kernel and the
-interpreter locks more than the protocol costs anyone: at 1,024 the advance took about a third less this way
-(README, "Scale"), the leader decided sooner, and the floor of bare clients moved little, so the difference is the
-cost of waking ~5,000 threads, which a job whose ranks each have a host does not pay. The leader and the two kill
-victims stay processes of threads. The floor is measured as the participants ran.
+`--participants events` (the default where gevent is installed: chaos.cli) runs the bulk's participants on an event
+loop (chaos.scale_worker_events) rather than on threads: the same ftcoord code, each of its threads a greenlet, each
+store client chaos.wire_store's (the same bytes on the wire as torch's client). On a machine of few cores, thousands
+of threads woken at once cost the kernel and the interpreter locks more than the protocol costs anyone: at 1,024 the
+advance took about a third less this way (README, "Scale"), the leader decided sooner, and the floor of bare clients
+moved little, so the difference is the cost of waking ~5,000 threads, which a job whose ranks each have a host does
+not pay. The leader and the two kill victims stay processes of threads. The floor is measured as the participants
+ran.
 
 The worker processes, seen from here (how they start, what they say, their CPU and memory, the kills):
 chaos.scale_swarm.

@@ -172,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--generations", type=int, default=None,
                        help="with --scale: back-to-back generation changes at the smallest size, to measure the "
                             "store's memory (default 1000; --quick: 100; 0: skip)")
-    bench.add_argument("--participants", choices=("threads", "events"), default="threads",
-                       help="with --scale: how the simulated participants run: threads (each participant's threads are "
-                            "real threads, many participants to a process; the default) or events (the same code, its "
-                            "threads greenlets of one event loop per process, its store clients pure Python: on a "
-                            "machine of few cores it measures more of the store and the leader, less of the kernel "
-                            "switching thousands of threads; needs gevent: pip install gevent)")
+    bench.add_argument("--participants", choices=("threads", "events"), default=None,
+                       help="with --scale: how the simulated participants run: events (ftcoord's code unchanged, its "
+                            "threads greenlets of one event loop per process, its store clients pure Python that send "
+                            "what torch's send; on a machine of few cores it measures the store and the leader, not "
+                            "the kernel switching thousands of threads; the default where gevent is installed, as "
+                            "`make setup` does) or threads (each participant's threads real threads, many "
+                            "participants to a process; the default without gevent)")
     bench.add_argument("--heartbeat-interval", type=float, default=None, metavar="S",
                        help="with --scale: every simulated participant beats every S seconds, its heartbeat timeout "
                             "ten of them (default: the library's, 0.5 s and 5 s). A job of thousands of ranks may "
@@ -233,10 +234,18 @@ def main(argv: list[str] | None = None) -> int:
                 default = [64, 256] if args.quick else list(DEFAULT_SIZES)
                 if args.generations is not None and args.generations < 0:
                     parser.error(f"--generations {args.generations}: give 0 (skip) or more")
-                if args.participants == "events" and importlib.util.find_spec("gevent") is None:
+                has_gevent = importlib.util.find_spec("gevent") is not None
+                if args.participants == "events" and not has_gevent:
                     parser.error("--participants events runs the simulated participants on gevent's event loop, and "
                                  "gevent is not installed here: pip install gevent (or the [scale] extra: pip install "
-                                 "-e '.[scale]'), or leave --participants at threads")
+                                 "-e '.[scale]'), or give --participants threads")
+                if args.participants is None:
+                    args.participants = "events" if has_gevent else "threads"
+                    if not has_gevent:  # thousands of threads on few cores: the report measures the kernel's switching
+                        print("gevent is not installed: the simulated participants run as threads, which on a machine "
+                              "of few cores measure the kernel switching thousands of them more than the protocol "
+                              "(pip install gevent, or the [scale] extra, for event-loop participants)",
+                              file=sys.stderr, flush=True)
                 try:
                     timing = scale_timing(args.heartbeat_interval)
                 except ConfigError as exc:

@@ -281,4 +281,25 @@ def test_event_loop_participants_without_gevent_get_a_clear_error(monkeypatch: p
         cli.main(["bench", "--scale", "--sizes", "64", "--participants", "events", "--out", "/nonexistent/never"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "gevent is not installed" in err and "pip install gevent" in err and "--participants at threads" in err
+    assert "gevent is not installed" in err and "pip install gevent" in err and "--participants threads" in err
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_participants_run_as_events_where_gevent_is_installed_and_as_threads_where_not(
+        installed: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's command (no --participants) measures with event-loop participants where gevent is installed (as
+    `make setup` installs it): thousands of thread participants on a few cores measure the kernel switching them. Where
+    it is not, the bench runs with threads and says why its figures may be slow, rather than refusing to run."""
+    import importlib.util
+
+    from chaos import bench_scale, cli
+
+    real = importlib.util.find_spec
+    if not installed:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gevent" else real(name, *a))
+    ran: dict[str, object] = {}
+    monkeypatch.setattr(bench_scale, "run_scale_bench", lambda out, sizes, **kwargs: ran.update(kwargs) or 0)
+    assert cli.main(["bench", "--scale", "--sizes", "64", "--out", "/nonexistent/never"]) == 0
+    err = capsys.readouterr().err
+    assert ran["participants"] == ("events" if installed else "threads"), ran
+    assert ("gevent is not installed" in err) == (not installed), err
