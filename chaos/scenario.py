@@ -58,6 +58,11 @@ OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
                 "pause-leader", "stuck")
+"""What a [random] table draws unless its `kinds` says otherwise."""
+RANDOM_MORE_KINDS = ("kill-follower", "kill-midreduce", "store-restart", "store-hang", "pause-launcher", "kill-standby",
+                     "pause-standby")
+"""What a [random] table may also draw when its `kinds` lists them: every kind that needs no order with another fault
+(node faults and relaunches do: a replace after a lose, one relaunch at a time; they stay written by hand)."""
 # Kinds that may aim at a rank ("whoever holds rank r at that step") instead of a slot.
 RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "kill", "hang", "pause", "early-restart", "raise",
               "raise-midstep", "slow", "stuck")
@@ -336,7 +341,8 @@ def ranks_kept(job: JobSpec) -> int:
     return max(kept, job.min_world_size, 1)
 
 
-def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) -> tuple[Fault, ...]:
+def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10,
+                  kinds: tuple[str, ...] = RANDOM_KINDS) -> tuple[Fault, ...]:
     """Faults drawn from an MTBF (in steps): kinds, slots and steps all from the seed. A fault aimed at a rank aims
     at one the job keeps at every step (`ranks_kept`): drawn among all of them, a job of two nodes drew faults for
     ranks that did not exist while it trained at the size of one node, and they never fired (mixed schedule E).
@@ -351,7 +357,12 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
     drawn: that one ends the rank's step s - 1 before its commit, its peers commit it, and nobody holding that rank
     passes the boundary (seed 33019, three ranks and a spare: a kill-midstep of rank 1 at step 164 and its raise at
     step 165, which never fired). And so is a boundary fault at step 0: no boundary comes before step 0 (seed 33055,
-    mtbf 10: a kill-boundary there never fired). The draws are the same either way."""
+    mtbf 10: a kill-boundary there never fired). The draws are the same either way.
+
+    `kinds` (RANDOM_KINDS unless a [random] table lists others): the kinds drawn from. A store fault, or a pause of a
+    launcher or of a standby, lasts half or three heartbeat timeouts, as a pause does; a launcher's or a standby's is
+    that of the node of a slot drawn among the job's. The draws for RANDOM_KINDS are the same as before these kinds
+    could be listed: a seed plans what it planned."""
     rng = random.Random(seed)
     faults, step, ranks = [], 0.0, ranks_kept(job)
     aimed: dict[tuple[int, int], str] = {}  # (rank, step) of the faults aimed at a rank -> its point (ends_first)
@@ -359,11 +370,12 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
         step += rng.expovariate(1.0 / mtbf_steps)
         if step >= job.steps - margin:
             return tuple(faults)
-        kind = rng.choice(RANDOM_KINDS)
+        kind = rng.choice(kinds)
         # A pause shorter than the heartbeat timeout is ridden through; a longer one is a hang.
         duration = (3 * job.heartbeat_timeout if kind == "hang" else
-                    rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in STOP_KINDS else 0.0)
+                    rng.choice((0.5, 3.0)) * job.heartbeat_timeout if kind in (*STOP_KINDS, *TIMED_MORE_KINDS) else 0.0)
         target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
+        slot = rng.randrange(job.nproc) if kind in NODE_AIMED_MORE_KINDS else 0  # whose node's launcher or standby
         if int(step) == 0 and at_boundary(kind):
             continue  # it would never fire (no boundary before step 0: seed 33055, mtbf 10, drew one)
         if kind in RANK_KINDS:
@@ -372,8 +384,34 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10) 
                     point, aimed.get((target, at[1] + 1))):
                 continue
             aimed[at] = point
-        faults.append(Fault(kind=kind, slot=0, step=int(step), duration=duration, label=f"random-{len(faults)}",
+        faults.append(Fault(kind=kind, slot=slot, step=int(step), duration=duration, label=f"random-{len(faults)}",
                             rank=target if kind in RANK_KINDS else None))
+
+
+TIMED_MORE_KINDS = ("store-restart", "store-hang", "pause-launcher", "pause-standby")
+"""Kinds of RANDOM_MORE_KINDS that last a drawn duration."""
+NODE_AIMED_MORE_KINDS = ("pause-launcher", "kill-standby", "pause-standby")
+"""Kinds of RANDOM_MORE_KINDS aimed at the node of a drawn slot."""
+
+
+def random_kinds(value: Any, job: JobSpec, where: str) -> tuple[str, ...]:
+    """A [random] table's `kinds`, checked: a non-empty list of distinct kinds random_faults can draw for this job."""
+    allowed = RANDOM_KINDS + RANDOM_MORE_KINDS
+    if not isinstance(value, list) or not value or not all(isinstance(k, str) for k in value):
+        raise ScenarioError(f"{where} kinds = {value!r}: give a non-empty list of fault kinds, from {list(allowed)}")
+    for kind in value:
+        if kind not in allowed:
+            why = " (it must be ordered with other faults: write it as a [[faults]] table)" if kind in KINDS else ""
+            raise ScenarioError(f"{where} kinds: {kind!r} cannot be drawn{why}; drawn kinds are {list(allowed)}")
+        if kind in STANDBY_KINDS and (not job.warm_standby or job.restart_policy == "job"):
+            raise ScenarioError(f"{where} kinds: {kind} needs a warm standby: this job has warm_standby = "
+                                f"{job.warm_standby} and restart_policy = {job.restart_policy!r}")
+        if kind == "kill-midreduce" and job.grad_reduction != "fixed":
+            raise ScenarioError(f"{where} kinds: kill-midreduce fires inside the fixed-order gradient reduction; this "
+                                f"job uses grad_reduction = {job.grad_reduction!r}")
+    if len(set(value)) != len(value):
+        raise ScenarioError(f"{where} kinds = {value!r}: a kind listed twice (each is drawn as often as the others)")
+    return tuple(value)
 
 
 def at_boundary(kind: str) -> bool:
@@ -414,14 +452,15 @@ def from_dict(data: dict[str, Any], where: str = "<scenario>") -> Scenario:
     _check_nodes_down(faults, job, where)
     if "random" in data:
         rnd = data["random"]
-        _check_keys(rnd, {"seed", "mtbf_steps"}, f"{where} [random]")
+        _check_keys(rnd, {"seed", "mtbf_steps", "kinds"}, f"{where} [random]")
         if not isinstance(rnd.get("mtbf_steps"), (int, float)) or rnd["mtbf_steps"] <= 0:
             raise ScenarioError(f"{where} [random] mtbf_steps = {rnd.get('mtbf_steps')!r}: must be > 0")
         seed = rnd.get("seed", 0)
         if not _is_int(seed):
             raise ScenarioError(f"{where} [random] seed = {seed!r}: must be an integer (a seed draws the same faults "
                                 f"every time)")
-        faults += random_faults(job, seed, float(rnd["mtbf_steps"]))
+        kinds = random_kinds(rnd["kinds"], job, f"{where} [random]") if "kinds" in rnd else RANDOM_KINDS
+        faults += random_faults(job, seed, float(rnd["mtbf_steps"]), kinds=kinds)
     return Scenario(data["name"], data["description"], job, tuple(sorted(faults, key=lambda f: f.step)), where)
 
 

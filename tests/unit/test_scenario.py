@@ -103,6 +103,46 @@ def test_random_faults_plan_no_boundary_fault_at_step_0() -> None:
     assert len(faults) == 16
 
 
+def test_random_faults_draw_the_kinds_a_random_table_lists() -> None:
+    """`kinds` widens what a seed draws to store faults, a paused launcher or standby, a killed follower: the mixes the
+    bundled random schedule never makes. A timed one lasts half or three heartbeat timeouts; a launcher's or standby's
+    is a node's of the job. A seed with no `kinds` plans what it planned before `kinds` existed (seed 7, pinned)."""
+    assert [(f.kind, f.step, f.rank) for f in load("random").faults] == [
+        ("kill", 11, 1), ("kill-midstep", 43, 0), ("kill-boundary", 56, 0), ("raise-midstep", 58, 1),
+        ("kill-midstep", 60, 1), ("stuck", 62, 0)]
+    more = ["store-restart", "store-hang", "pause-launcher", "kill-standby", "pause-standby", "kill-follower", "kill"]
+    text = ('name = "x"\ndescription = "d"\n[job]\nnproc = 3\nsteps = 400\nglobal_batch = 24\nwarm_standby = 1\n'
+            f'[random]\nseed = 3\nmtbf_steps = 6\nkinds = {more!r}\n'.replace("'", '"'))
+    faults = parse(text, "x.toml").faults
+    assert faults == parse(text, "x.toml").faults
+    assert {f.kind for f in faults} == set(more), [f.kind for f in faults]
+    for fault in faults:
+        timed = fault.kind in ("store-restart", "store-hang", "pause-launcher", "pause-standby")
+        assert fault.duration in ((1.0, 6.0) if timed else (0.0,)), fault
+        assert 0 <= fault.slot < 3 and fault.rank is None if fault.kind != "kill" else fault.rank is not None, fault
+    assert {f.slot for f in faults if f.kind == "pause-launcher"} != {0}, "every launcher's slot drawn as 0"
+
+
+@pytest.mark.parametrize(
+    ("kinds", "job", "message"),
+    [
+        ('["kill", "explode"]', "", r"kinds: 'explode' cannot be drawn; drawn kinds are \['kill-boundary'"),
+        ('["lose"]', "", r"kinds: 'lose' cannot be drawn \(it must be ordered with other faults: write it as a "
+                         r"\[\[faults\]\] table\)"),
+        ('["kill-standby"]', "warm_standby = 0\n", "kinds: kill-standby needs a warm standby: this job has "
+                                                   "warm_standby = 0"),
+        ('["kill-midreduce"]', 'grad_reduction = "allreduce"\n', "kill-midreduce fires inside the fixed-order"),
+        ("[]", "", r"kinds = \[\]: give a non-empty list of fault kinds"),
+        ('"kill"', "", r"kinds = 'kill': give a non-empty list"),
+        ('["kill", "kill"]', "", "a kind listed twice"),
+    ],
+)
+def test_a_random_table_that_lists_kinds_it_cannot_draw_is_refused(kinds: str, job: str, message: str) -> None:
+    text = f'name = "x"\ndescription = "d"\n{GOOD_JOB}{job}[random]\nseed = 1\nmtbf_steps = 5\nkinds = {kinds}\n'
+    with pytest.raises(ScenarioError, match=message):
+        parse(text, "x.toml")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
