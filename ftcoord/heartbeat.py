@@ -31,13 +31,17 @@ class Heartbeat:
     """A daemon thread that bumps `hb/<slot>` every interval, on its own store client: one store request per
     beat at steady state (ftcoord's store load per process is bounded: `chaos bench --scale`).
 
-    It also publishes the training thread's progress counter (bumped by `ping()` with no store operation) and
-    the step it last committed in this generation (`<pings>/<step>`, `:w` appended while it waits on its
-    peers), so a process whose heartbeat thread runs but whose training thread is stuck can be told apart from a
-    healthy one, and the slot's status for operators: each when it changed, but a change that only counts
-    on is published at most every `publish_every` seconds (a new generation, a first commit, stopping to wait
-    on peers: at the next beat; waiting on peers: once the training thread stood still for `publish_every`,
-    see `beat`). The thread waits for nothing in the store: a leader's
+    It also publishes the training thread's progress counter (bumped by `ping()` with no store operation) and the
+    step it last committed in this generation (`<pings>/<step>`, `:w` appended while it waits on its peers), so a
+    process whose heartbeat thread runs but whose training thread is stuck can be told apart from a healthy one, and
+    the slot's status for operators: each when it changed, but a change that only counts on is published at most
+    every `publish_every` seconds (a new generation, a first commit, stopping to wait on peers: at the next beat;
+    waiting on peers: once the training thread stood still for `publish_every`, see `beat`). A training thread that
+    trained here and stood still outside ftcoord's join for `publish_every` or more has its stillness published too
+    (`@<seconds>`, whole multiples of `publish_every`, counted from its last ping or its last join, whichever came
+    later): a leader that takes over during the stillness counts from there, as its predecessor did, not from its
+    own first read (ftcoord.judgement; a stuck rank whose leader was killed was fenced 6 s late at a progress
+    timeout of 6 s, twice its timeout after it stopped). The thread waits for nothing in the store: a leader's
     question ("beat now", ftcoord.evidence) reaches it through `beat_now()`, from the interrupt monitor.
     """
 
@@ -71,6 +75,7 @@ class Heartbeat:
         self._published_progress = ""
         self._progress_at_beat = -1
         self._still_since = time.monotonic()  # when a beat last saw the progress counter move
+        self._joined_at = -math.inf  # when the training thread last joined a generation
         self._progress_at = -math.inf  # when progress (and, apart, status) was last published
         self._status_at = -math.inf
         self.beats = 0
@@ -113,6 +118,8 @@ class Heartbeat:
             if self.report is not None:
                 self.report.still_at = self._still_stack.at
         counted = f"{self._progress}/{step}" if step >= 0 else str(self._progress)
+        still = self._still_for(now)
+        counted = f"{counted}@{still:g}" if still > 0 else counted
         progress = f"{counted}:w" if waiting else counted
         if progress != self._published_progress and (
                 waiting != self._published_progress.endswith(":w") or now - self._progress_at >= self._publish_every):
@@ -120,6 +127,16 @@ class Heartbeat:
             self._published_progress, self._progress_at = progress, now
         if self.report is not None:
             self._publish_report(self.report, now)
+
+    def _still_for(self, now: float) -> float:
+        """How long the training thread has stood still, as published: since its last ping or its last join, whichever
+        came later, in whole multiples of publish_every, rounded down (a lower bound, and one more publication per
+        publish_every at most, only while it stands still); 0 in ftcoord's join (waiting on its peers, where a hot
+        spare waits for hours) and before it ever pinged (a spare, a process starting)."""
+        if self._in_join or self._progress == 0:
+            return 0.0
+        still = now - max(self._still_since, self._joined_at)
+        return math.floor(still / self._publish_every) * self._publish_every if still >= self._publish_every else 0.0
 
     def _publish_report(self, report: SlotReport, now: float) -> None:
         """The slot's status, when it changed (at most every publish_every unless its generation or rank did, or
@@ -160,6 +177,8 @@ class Heartbeat:
     def joined(self) -> None:
         """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.still_stack)."""
         self._training_thread, self._training_native = threading.get_ident(), threading.get_native_id()
+        self._joined_at = time.monotonic()  # its stillness, as published, counts from here (a leader's does: a new
+        # generation is a new value of its progress)
         self._in_join = False
         if self._still_stack is not None:
             self._still_stack.moved()
@@ -229,6 +248,11 @@ class LivenessObserver:
     between the read that first showed its current value and the latest read. An observer that was
     itself paused (SIGSTOP, a long GC, swapping) between a read and its judgement therefore sees no
     silence that it did not observe; its next read shows whoever kept beating as alive.
+
+    One exception, for a counter whose owner vouches for its own silence: a training thread's progress, read with
+    how long the process's heartbeat saw it stand still (`observe(..., vouched=s)`). That account is published by a
+    live process, about itself, now (its heartbeat runs): it is not stale data. Its silence counts from there, a
+    fresh observer's included, so a leader that takes over during a stall judges it as its predecessor would have.
     """
 
     def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -237,6 +261,7 @@ class LivenessObserver:
         self._born = clock()
         self._seen: dict[str, tuple[object, float, float]] = {}  # value, first seen at, last read at
         self._changed_at: dict[str, float] = {}  # the read that showed a new value (not the first one observed)
+        self._vouched: set[str] = set()  # counters whose silence counts from their owner's account (class docstring)
         self._newest = -math.inf  # when the newest read was asked
 
     def reset(self) -> None:
@@ -244,33 +269,45 @@ class LivenessObserver:
         self._born = self._clock()
         self._seen.clear()
         self._changed_at.clear()
+        self._vouched.clear()
         self._newest = -math.inf
 
-    def observe(self, name: str, value: object, at: float | None = None) -> None:
+    def observe(self, name: str, value: object, at: float | None = None, vouched: float = 0.0) -> None:
         """Feed the latest value of a counter (any value compared with `!=`), read at `at` (this observer's
-        clock; now when not given)."""
+        clock; now when not given). `vouched`: seconds the counter's owner says it has stood still, read with it
+        (its silence counts from then, if that is earlier: class docstring)."""
         now = self._clock() if at is None else at
         self._newest = max(self._newest, now)
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
             self._seen[name] = (value, now, now)
+            self._vouched.discard(name)
             if previous is not None:
                 self._changed_at[name] = now
         else:
             self._seen[name] = (value, previous[1], now)
+        if vouched > 0 and now - vouched < self._seen[name][1]:
+            self._seen[name] = (value, now - vouched, now)
+            self._vouched.add(name)
 
     def forget(self, name: str) -> None:
         """Stop watching one counter: its silence is measured afresh from its next observation."""
         self._seen.pop(name, None)
         self._changed_at.pop(name, None)
+        self._vouched.discard(name)
+
+    def _silent_from(self, name: str, first: float) -> float:
+        """When the counter's silence began, as this observer may count it: the read that first showed its value, or
+        this observer's birth if later, unless its owner vouched for an earlier moment."""
+        return first if name in self._vouched else max(first, self._born)
 
     def silent_for(self, name: str) -> float:
         """Seconds the counter was observed unchanged: from the read that first showed its value (or this
-        observer's birth) to the latest read."""
+        observer's birth; or, vouched for, when its owner says it stood still) to the latest read."""
         previous = self._seen.get(name)
         if previous is None:
             return 0.0
-        return previous[2] - max(previous[1], self._born)
+        return previous[2] - self._silent_from(name, previous[1])
 
     def silent_since(self, name: str, moment: float, until: float) -> bool:
         """This observer watched the counter from before `moment` (its own clock), read it again at or after
@@ -297,10 +334,10 @@ class LivenessObserver:
         to one step of its grid late; reading at this moment too, it finds it on the dot. A counter just seen changing
         is not due (a watcher that reads rarely is not woken early for it), nor one the newest read did not read (no
         longer watched: its moment would come again and again)."""
-        born, timeout, newest, due = self._born, self.timeout, self._newest, math.inf
+        timeout, newest, due = self.timeout, self._newest, math.inf
         for name, (_, first, last) in self._seen.items():
             if last == newest and last > first and name.startswith(prefix):
-                at = max(first, born) + timeout
+                at = self._silent_from(name, first) + timeout
                 if last < at < due:
                     due = at
         return due

@@ -277,7 +277,7 @@ class Judge:
             if slot in members or fact.is_gone() or fact.progress == 0 or fact.waiting:
                 self.observer.forget(name)  # measured from when it is next seen outside, not from an older visit
                 continue
-            self.observer.observe(name, (fact.incarnation, fact.progress), at=read_at)
+            self.observer.observe(name, (fact.incarnation, fact.progress), at=read_at, vouched=fact.still_s)
             if self.observer.is_stale(name, self._progress_timeout) and (slot, fact.incarnation) not in self.fenced:
                 candidates.append(fact)
         if not candidates:
@@ -334,7 +334,7 @@ class Judge:
             name = f"progress/{member}"  # one name per slot, the generation in its value: no growth per generation
             # Observed when it was read, not now: a duty thread paused between reading and judging (a GC) would
             # otherwise count its own pause as the member's silence (CI: a healthy leader fenced itself as hung).
-            self.observer.observe(name, (generation, fact.progress), at=read_at)
+            self.observer.observe(name, (generation, fact.progress), at=read_at, vouched=fact.still_s)
             if self.observer.is_stale(name, self._progress_timeout):
                 silent.append(fact)
         culprits = [f for f in silent if not f.waiting]

@@ -93,6 +93,9 @@ class SlotFacts:
     step: int = -1
     """The last step its training thread committed in its generation (published with its progress; -1: none yet,
     or not told)."""
+    still_s: float = 0.0
+    """How long its training thread had stood still outside ftcoord's join when its progress was last published, by
+    its own heartbeat's account (a lower bound; 0: moving, in a join, or not told: ftcoord.heartbeat)."""
 
     def is_gone(self, incarnation: int | None = None) -> bool:
         """Dead, left or superseded: `incarnation` (default: the newest) will not come back."""
@@ -155,11 +158,12 @@ class FactsCache:
 def _parse_facts(slot: int, values: tuple[bytes, ...]) -> SlotFacts:
     raw = [v.decode() for v in values]
     progress, _, waiting = raw[2].partition(":")
+    progress, _, still = progress.partition("@")
     pings, _, step = progress.partition("/")
     replacing, _, beat = raw[5].partition(":")
     inc, hb, dead, left = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4]))
     return SlotFacts(slot, inc, hb, int(pings or 0), waiting == "w", dead, left, int(replacing or 0), int(beat or 0),
-                     int(step or -1))
+                     int(step or -1), float(still or 0))
 
 
 def read_facts_and(store: dist.Store, slots: list[int], also: list[str], pinned: int | None = None,

@@ -190,3 +190,64 @@ def test_a_member_stuck_in_a_generation_that_ended_for_another_cause_is_fenced_a
     assert get_or_none(store, keys.released(4)) == b"hung:slot=0"
     judgement.fence_stuck_members_of_ended(ended, facts, t0 + PROGRESS_TIMEOUT + 0.2, 5, term=1)  # once
     assert set(judgement.fenced) == {(0, 1)}
+
+
+def test_a_leader_that_takes_over_during_a_stall_counts_it_from_when_the_process_says_it_began(
+        store_server: StoreServer, job_id: str) -> None:
+    """A rank stuck, then its leader killed (chaos hand schedule h-s, progress timeout 6 s): the next leader measured
+    the stillness from its own first read, fenced the rank 6 s late, and the job trained one rank short for twice the
+    timeout (full size 12.6 s after the stall; 6.6 s since). The rank's heartbeat publishes how long its training
+    thread has stood still (a lower bound, in multiples of publish_every), and a fresh judge counts from there: here
+    it fences as soon as the stillness reaches the timeout, not a full timeout after it was born; and never before."""
+    store = job_store(connect(store_server.address), job_id)
+    register(store, 2)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=2, interval=0.02, publish_every=0.2)
+    heartbeat.start()
+    try:
+        heartbeat.joined()
+        for _ in range(40):
+            heartbeat.ping()  # trained here; then stands still, not waiting on its peers (this thread's frames)
+        pinged = time.monotonic()
+        wait_until(lambda: read_facts(store, [2])[2].still_s >= 0.6, 5, "a stillness of 0.6 s published")
+        judgement = judge(store_server, job_id)  # the leader that takes over now
+        born = time.monotonic()
+
+        def fenced() -> bool:
+            read_at = time.monotonic()
+            judgement.fence_stuck_outsiders(running(4, [0, 1]), read_facts(store, [2]), read_at, 5, term=1)
+            return bool(judgement.fenced)
+
+        wait_until(fenced, 5, "the stuck process fenced", poll=0.01)
+        at = time.monotonic()
+        assert at - pinged >= PROGRESS_TIMEOUT, f"fenced {at - pinged:.3f}s into a stillness, before the timeout"
+        assert at - born < PROGRESS_TIMEOUT - 0.2, (
+            f"fenced {at - born:.3f}s after the judge was born: its stillness counted from its own first read")
+    finally:
+        heartbeat.stop()
+
+
+def test_a_stillness_is_published_from_the_last_join_and_never_while_in_one(store_server: StoreServer,
+                                                                              job_id: str) -> None:
+    """What a process vouches for must not make a new leader fence a healthy one. A member waiting in ftcoord's join (a
+    hot spare waits there for hours) publishes no stillness; one that joined a generation counts from its join, as a
+    leader's clock does (a new generation is a new value of its progress), not from its last ping before the join."""
+    store = job_store(connect(store_server.address), job_id)
+    register(store, 3)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=3, interval=0.02, publish_every=0.1)
+    heartbeat.start()
+    try:
+        heartbeat.ping()
+        heartbeat.joining()
+        in_join = time.monotonic()
+        while time.monotonic() - in_join < 0.8:
+            assert read_facts(store, [3])[3].still_s == 0, "a stillness published while in a join"
+            time.sleep(0.05)
+        heartbeat.joined()
+        joined = time.monotonic()
+        facts = wait_until(lambda: (f := read_facts(store, [3])[3]).still_s > 0 and f, 5, "a stillness published")
+        assert facts.still_s <= time.monotonic() - joined, (
+            f"{facts.still_s}s of stillness published {time.monotonic() - joined:.3f}s after the join")
+        heartbeat.ping()
+        wait_until(lambda: read_facts(store, [3])[3].still_s == 0, 5, "the stillness cleared by a ping")
+    finally:
+        heartbeat.stop()
