@@ -101,12 +101,16 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
 
 
 def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:
-    """The job stood still when `event` fired: an earlier fault that fired had no step committed after it yet."""
+    """The job stood still when `event` fired: an earlier fault that fired had no step committed after it yet, beyond
+    the steps committed when it fired (an in-rank fault at a boundary fires as its own rank commits step s - 1; its
+    peers' records of s - 1 come a moment later, and are no step after it: hand schedule h-t, a store restart 1.5 s
+    into a stuck rank's stall, failed for training through nothing)."""
     at = event["mono"]
     for earlier in events:
         if not earlier.get("fired", True) or not earlier["mono"] < at:  # (`event` itself is not earlier)
             continue
-        if not any(r["kind"] == "step" and earlier["mono"] < r["mono"] < at for r in records):
+        done = max((r["step"] for r in records if r["kind"] == "step" and r["mono"] <= earlier["mono"]), default=-1)
+        if not any(r["kind"] == "step" and earlier["mono"] < r["mono"] < at and r["step"] > done for r in records):
             return True
     return False
 

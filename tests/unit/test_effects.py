@@ -96,6 +96,23 @@ def test_a_store_fault_while_the_job_stands_still_is_held_to_training_on() -> No
                      "while the store is away (the step path needs no store) after it"]
 
 
+def test_a_store_fault_behind_a_stall_whose_step_the_peers_recorded_a_moment_later_is_held_to_training_on() -> None:
+    """Hand schedule h-t: a rank stuck at the boundary of step 31 (it fires as that rank commits step 30), a store
+    restart 1.5 s later. The peers' records of step 30 came a moment after the stall began: no step after it, and
+    the job stood still until the stuck rank was fenced. The run was failed for a store fault that trained through
+    nothing. A step beyond 30 committed during the outage is still required of the store fault alone."""
+    scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
+                                      'kind = "store-restart"\nstep = 20\nduration = 1.0'))
+    stall = {"index": 1, "kind": "kill", "mono": 30.0}  # the stuck rank's marker, as it committed step 30 (its record)
+    store = {"index": 0, "kind": "store-restart", "mono": 31.5}
+    ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 10, "generation": 2} for r in steps(4, 31, 39)]
+    peers = [{**r, "mono": 30.01} for r in steps(4, 30, 30)]  # a peer's record of step 30, after the marker
+    assert fault_problems(scenario, [stall, store], ran + peers, []) == []
+    alone = fault_problems(scenario, [store, {**stall, "mono": 35.0}], ran + peers, [])
+    assert alone == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
+                     "while the store is away (the step path needs no store) after it"]
+
+
 def test_a_store_fault_cut_short_by_a_kill_before_its_next_step_is_held_to_training_on() -> None:
     """A store restart at step 230 and a kill of a member 21 ms later, steps of 38 ms (a schedule of 2026-12-02): the
     survivors' failed collective needs the store to re-form, so no step could be committed while it was away; the run
