@@ -38,8 +38,9 @@ class Heartbeat:
     every `publish_every` seconds (a new generation, a first commit, stopping to wait on peers: at the next beat;
     waiting on peers: once the training thread stood still for `publish_every`, see `beat`). A training thread that
     trained here and stood still outside ftcoord's join for `publish_every` or more has its stillness published too
-    (`@<seconds>`, whole multiples of `publish_every`, counted from its last ping or its last join, whichever came
-    later): a leader that takes over during the stillness counts from there, as its predecessor did, not from its
+    (`@<seconds>,<generation>`, whole multiples of `publish_every`, counted from its last ping, its last join or the
+    last beat that saw it waiting on its peers, whichever came later, in the generation it names; published at the
+    next beat once it ends): a leader that takes over during the stillness counts from there, not from its
     own first read (ftcoord.judgement; a stuck rank whose leader was killed was fenced 6 s late at a progress
     timeout of 6 s, twice its timeout after it stopped). The thread waits for nothing in the store: a leader's
     question ("beat now", ftcoord.evidence) reaches it through `beat_now()`, from the interrupt monitor.
@@ -76,6 +77,7 @@ class Heartbeat:
         self._progress_at_beat = -1
         self._still_since = time.monotonic()  # when a beat last saw the progress counter move
         self._joined_at = -math.inf  # when the training thread last joined a generation
+        self._waited_at = -math.inf  # when a beat last saw it waiting on its peers
         self._progress_at = -math.inf  # when progress (and, apart, status) was last published
         self._status_at = -math.inf
         self.beats = 0
@@ -107,6 +109,8 @@ class Heartbeat:
         # process, ~450 threads) spent a quarter of its CPU on it when every still beat looked.
         waiting = (self._progress == self._progress_at_beat and now - self._still_since >= self._publish_every
                    and self._waiting_on_peers())
+        if waiting:
+            self._waited_at = now
         self._progress_at_beat = self._progress
         # With the step last committed in this generation: the leader compares still members by it, never by this
         # process's count of pings (a replacement's starts at 0: ftcoord.judgement.Judge.hung_members).
@@ -119,23 +123,28 @@ class Heartbeat:
                 self.report.still_at = self._still_stack.at
         counted = f"{self._progress}/{step}" if step >= 0 else str(self._progress)
         still = self._still_for(now)
-        counted = f"{counted}@{still:g}" if still > 0 else counted
+        if still > 0 and self.report is not None:  # counted in its generation, and said so
+            counted = f"{counted}@{still:g},{self.report.generation}"
         progress = f"{counted}:w" if waiting else counted
-        if progress != self._published_progress and (
-                waiting != self._published_progress.endswith(":w") or now - self._progress_at >= self._publish_every):
+        published = self._published_progress
+        if progress != published and (waiting != published.endswith(":w") or ("@" in published) != ("@" in progress)
+                                      or now - self._progress_at >= self._publish_every):
             self._store.set(keys.progress(self._slot), progress)
             self._published_progress, self._progress_at = progress, now
         if self.report is not None:
             self._publish_report(self.report, now)
 
     def _still_for(self, now: float) -> float:
-        """How long the training thread has stood still, as published: since its last ping or its last join, whichever
-        came later, in whole multiples of publish_every, rounded down (a lower bound, and one more publication per
-        publish_every at most, only while it stands still); 0 in ftcoord's join (waiting on its peers, where a hot
-        spare waits for hours) and before it ever pinged (a spare, a process starting)."""
+        """How long the training thread has stood still on its own, as published: since its last ping, its last join
+        or the last beat that saw it waiting on its peers, whichever came later, in whole multiples of publish_every,
+        rounded down (a lower bound, and one more publication per publish_every at most, only while it stands still);
+        0 in ftcoord's join (where a hot spare waits for hours) and before it ever pinged (a spare, a process
+        starting). Never the time it waited on its peers: a peer that waited 24 s for a stuck rank, then left the
+        collective when that rank was fenced, published 24 s of stillness as it tore down, and the leader it became
+        fenced itself with it in every generation it decided (CI, the stuck scenario: seven in 0.1 s)."""
         if self._in_join or self._progress == 0:
             return 0.0
-        still = now - max(self._still_since, self._joined_at)
+        still = now - max(self._still_since, self._joined_at, self._waited_at)
         return math.floor(still / self._publish_every) * self._publish_every if still >= self._publish_every else 0.0
 
     def _publish_report(self, report: SlotReport, now: float) -> None:

@@ -277,7 +277,9 @@ class Judge:
             if slot in members or fact.is_gone() or fact.progress == 0 or fact.waiting:
                 self.observer.forget(name)  # measured from when it is next seen outside, not from an older visit
                 continue
-            self.observer.observe(name, (fact.incarnation, fact.progress), at=read_at, vouched=fact.still_s)
+            # Its own account of its stillness, counted in a generation before this one (ftcoord.heartbeat).
+            vouched = fact.still_s if fact.still_generation < record.generation else 0.0
+            self.observer.observe(name, (fact.incarnation, fact.progress), at=read_at, vouched=vouched)
             if self.observer.is_stale(name, self._progress_timeout) and (slot, fact.incarnation) not in self.fenced:
                 candidates.append(fact)
         if not candidates:
@@ -334,7 +336,9 @@ class Judge:
             name = f"progress/{member}"  # one name per slot, the generation in its value: no growth per generation
             # Observed when it was read, not now: a duty thread paused between reading and judging (a GC) would
             # otherwise count its own pause as the member's silence (CI: a healthy leader fenced itself as hung).
-            self.observer.observe(name, (generation, fact.progress), at=read_at, vouched=fact.still_s)
+            # Its own account of its stillness, if counted in this generation (an older one's says nothing of it).
+            vouched = fact.still_s if fact.still_generation == generation else 0.0
+            self.observer.observe(name, (generation, fact.progress), at=read_at, vouched=vouched)
             if self.observer.is_stale(name, self._progress_timeout):
                 silent.append(fact)
         culprits = [f for f in silent if not f.waiting]

@@ -54,9 +54,9 @@ def heartbeat(slot: int) -> str:
 
 
 def progress(slot: int) -> str:
-    """`<pings>[/<step>][@<still_s>][:w]`: the count of `ping()`s from the training thread, the step it last committed
-    in its generation, how long it has stood still outside ftcoord's join, and whether it waits on its peers
-    (ftcoord.heartbeat)."""
+    """`<pings>[/<step>][@<still_s>,<generation>][:w]`: the count of `ping()`s from the training thread, the step it
+    last committed in its generation, how long it has stood still on its own in which generation, and whether it waits
+    on its peers (ftcoord.heartbeat)."""
     return f"slot/{slot}/progress"
 
 

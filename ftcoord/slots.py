@@ -94,8 +94,10 @@ class SlotFacts:
     """The last step its training thread committed in its generation (published with its progress; -1: none yet,
     or not told)."""
     still_s: float = 0.0
-    """How long its training thread had stood still outside ftcoord's join when its progress was last published, by
-    its own heartbeat's account (a lower bound; 0: moving, in a join, or not told: ftcoord.heartbeat)."""
+    """How long its training thread had stood still on its own (not in ftcoord's join, not waiting on its peers) when
+    its progress was last published, by its own heartbeat's account, in generation `still_generation` (a lower bound;
+    0: moving, waiting, or not told: ftcoord.heartbeat)."""
+    still_generation: int = -1
 
     def is_gone(self, incarnation: int | None = None) -> bool:
         """Dead, left or superseded: `incarnation` (default: the newest) will not come back."""
@@ -159,11 +161,12 @@ def _parse_facts(slot: int, values: tuple[bytes, ...]) -> SlotFacts:
     raw = [v.decode() for v in values]
     progress, _, waiting = raw[2].partition(":")
     progress, _, still = progress.partition("@")
+    still, _, still_generation = still.partition(",")
     pings, _, step = progress.partition("/")
     replacing, _, beat = raw[5].partition(":")
     inc, hb, dead, left = (int(v or 0) for v in (raw[0], raw[1], raw[3], raw[4]))
     return SlotFacts(slot, inc, hb, int(pings or 0), waiting == "w", dead, left, int(replacing or 0), int(beat or 0),
-                     int(step or -1), float(still or 0))
+                     int(step or -1), float(still or 0), int(still_generation or -1))
 
 
 def read_facts_and(store: dist.Store, slots: list[int], also: list[str], pinned: int | None = None,

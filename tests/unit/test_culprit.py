@@ -6,6 +6,7 @@ through a real heartbeat."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -192,23 +193,35 @@ def test_a_member_stuck_in_a_generation_that_ended_for_another_cause_is_fenced_a
     assert set(judgement.fenced) == {(0, 1)}
 
 
+def still_heartbeat(store_server: StoreServer, job_id: str, slot: int, generation: int,
+                    publish_every: float) -> tuple[object, Heartbeat, SlotReport]:
+    """A slot's real heartbeat, its process a member of `generation` (its stillness is counted in one), started."""
+    store = job_store(connect(store_server.address), job_id)
+    register(store, slot)
+    report = SlotReport(slot=slot)
+    report.joined(generation=generation, rank=0, heal_source=0, start_step=0, world_size=2)
+    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=slot, interval=0.02, report=report,
+                          publish_every=publish_every)
+    heartbeat.start()
+    return store, heartbeat, report
+
+
 def test_a_leader_that_takes_over_during_a_stall_counts_it_from_when_the_process_says_it_began(
         store_server: StoreServer, job_id: str) -> None:
     """A rank stuck, then its leader killed (chaos hand schedule h-s, progress timeout 6 s): the next leader measured
     the stillness from its own first read, fenced the rank 6 s late, and the job trained one rank short for twice the
     timeout (full size 12.6 s after the stall; 6.6 s since). The rank's heartbeat publishes how long its training
-    thread has stood still (a lower bound, in multiples of publish_every), and a fresh judge counts from there: here
-    it fences as soon as the stillness reaches the timeout, not a full timeout after it was born; and never before."""
-    store = job_store(connect(store_server.address), job_id)
-    register(store, 2)
-    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=2, interval=0.02, publish_every=0.2)
-    heartbeat.start()
+    thread has stood still (a lower bound, in multiples of publish_every, in its generation), and a fresh judge counts
+    from there: here it fences as soon as the stillness reaches the timeout, not a full timeout after it was born;
+    and never before."""
+    store, heartbeat, _ = still_heartbeat(store_server, job_id, 2, generation=3, publish_every=0.2)
     try:
         heartbeat.joined()
         for _ in range(40):
             heartbeat.ping()  # trained here; then stands still, not waiting on its peers (this thread's frames)
         pinged = time.monotonic()
-        wait_until(lambda: read_facts(store, [2])[2].still_s >= 0.6, 5, "a stillness of 0.6 s published")
+        facts = wait_until(lambda: (f := read_facts(store, [2])[2]).still_s >= 0.6 and f, 5, "0.6 s still published")
+        assert facts.still_generation == 3, facts
         judgement = judge(store_server, job_id)  # the leader that takes over now
         born = time.monotonic()
 
@@ -220,7 +233,7 @@ def test_a_leader_that_takes_over_during_a_stall_counts_it_from_when_the_process
         wait_until(fenced, 5, "the stuck process fenced", poll=0.01)
         at = time.monotonic()
         assert at - pinged >= PROGRESS_TIMEOUT, f"fenced {at - pinged:.3f}s into a stillness, before the timeout"
-        assert at - born < PROGRESS_TIMEOUT - 0.2, (
+        assert at - born < PROGRESS_TIMEOUT - 0.05, (
             f"fenced {at - born:.3f}s after the judge was born: its stillness counted from its own first read")
     finally:
         heartbeat.stop()
@@ -230,11 +243,10 @@ def test_a_stillness_is_published_from_the_last_join_and_never_while_in_one(stor
                                                                               job_id: str) -> None:
     """What a process vouches for must not make a new leader fence a healthy one. A member waiting in ftcoord's join (a
     hot spare waits there for hours) publishes no stillness; one that joined a generation counts from its join, as a
-    leader's clock does (a new generation is a new value of its progress), not from its last ping before the join."""
-    store = job_store(connect(store_server.address), job_id)
-    register(store, 3)
-    heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=3, interval=0.02, publish_every=0.1)
-    heartbeat.start()
+    leader's clock does (a new generation is a new value of its progress), not from its last ping before the join. A
+    judge of a generation other than the one a stillness was counted in does not take it: in CI a peer's stillness of
+    24 s, published as it left a collective, fenced it in each of seven generations it decided as leader."""
+    store, heartbeat, report = still_heartbeat(store_server, job_id, 3, generation=5, publish_every=0.1)
     try:
         heartbeat.ping()
         heartbeat.joining()
@@ -247,7 +259,49 @@ def test_a_stillness_is_published_from_the_last_join_and_never_while_in_one(stor
         facts = wait_until(lambda: (f := read_facts(store, [3])[3]).still_s > 0 and f, 5, "a stillness published")
         assert facts.still_s <= time.monotonic() - joined, (
             f"{facts.still_s}s of stillness published {time.monotonic() - joined:.3f}s after the join")
+        wait_until(lambda: read_facts(store, [3])[3].still_s >= PROGRESS_TIMEOUT + 0.2, 5, "a long stillness")
+        judgement = judge(store_server, job_id)
+        t0 = time.monotonic()
+        member_of_6 = (3, 1, read_facts(store, [3])[3])  # counted in generation 5
+        assert judgement.hung_members(6, [member_of_6], t0) == set(), "a stillness of another generation was taken"
+        assert judgement.hung_members(5, [member_of_6], t0) == {3}
+        report.joined(generation=6, rank=0, heal_source=0, start_step=0, world_size=2)
         heartbeat.ping()
         wait_until(lambda: read_facts(store, [3])[3].still_s == 0, 5, "the stillness cleared by a ping")
     finally:
+        heartbeat.stop()
+
+
+def test_a_stillness_never_counts_the_time_a_thread_waited_on_its_peers(store_server: StoreServer, job_id: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer of a stuck rank waits in a collective (published waiting); once the culprit is fenced it leaves the
+    collective and tears its group down, still, not waiting. Its stillness counts from when it stopped waiting: in CI
+    it counted from its last ping, 24 s before, and the leader it became fenced itself in every generation it
+    decided."""
+    from tests.helpers.frames import count_frame_looks
+
+    count_frame_looks(monkeypatch, ("/threading.py",))  # a wait in threading stands for a collective
+    store, heartbeat, _ = still_heartbeat(store_server, job_id, 4, generation=2, publish_every=0.1)
+    peers_done = threading.Event()
+
+    def train() -> None:
+        heartbeat.joined()
+        heartbeat.ping()
+        peers_done.wait(20)  # "in a collective", as patched above
+        time.sleep(3.0)  # still, no longer waiting (no frame of threading.py)
+
+    trainer = threading.Thread(target=train, daemon=True)
+    try:
+        trainer.start()
+        wait_until(lambda: read_facts(store, [4])[4].waiting, 5, "the training thread published waiting")
+        time.sleep(0.6)  # waits on its peers for six publish_every
+        assert read_facts(store, [4])[4].still_s == 0, "a thread waiting on its peers published a stillness"
+        peers_done.set()
+        left = time.monotonic()
+        facts = wait_until(lambda: (f := read_facts(store, [4])[4]).still_s > 0 and not f.waiting and f, 5,
+                           "still, no longer waiting")
+        assert facts.still_s <= time.monotonic() - left + 0.05, (
+            f"{facts.still_s}s of stillness published {time.monotonic() - left:.3f}s after it stopped waiting")
+    finally:
+        peers_done.set()
         heartbeat.stop()
