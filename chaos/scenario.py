@@ -280,10 +280,9 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
     if fault.after > 0 and (fault.in_rank or fault.kind == "ckpt-crash"):
         raise ScenarioError(f"{where}: a {fault.kind} fires inside its rank's step, not {fault.after}s after it; "
                             f"after works with {[k for k in OUTSIDE_KINDS if k != 'ckpt-crash']}")
-    if fault.kind in STANDBY_KINDS and (not job.warm_standby or job.restart_policy == "job"):
-        raise ScenarioError(f"{where}: a {fault.kind} needs a warm standby: this job has warm_standby = "
-                            f"{job.warm_standby} and restart_policy = {job.restart_policy!r} (the standby needs 1 and "
-                            f"'slot')")
+    unfit = _unfit_for(fault.kind, job)
+    if unfit is not None:
+        raise ScenarioError(f"{where}: {unfit}")
     if fault.kind in (*STOP_KINDS, *STORE_KINDS, "slow", "pause-standby", "pause-launcher") and fault.duration <= 0:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
@@ -294,12 +293,20 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
                             f"or none (for good)")
     if fault.kind in ("lose", "partition", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
-    if fault.kind == "kill-midreduce" and job.grad_reduction != "fixed":
-        raise ScenarioError(f"{where}: kill-midreduce fires inside the fixed-order gradient reduction; this job "
-                            f"uses grad_reduction = {job.grad_reduction!r}")
     if fault.kind == "ckpt-crash" and job.ckpt_strategy == "none":
         raise ScenarioError(f"{where}: ckpt-crash needs a checkpoint strategy, not 'none'")
     return fault
+
+
+def _unfit_for(kind: str, job: JobSpec) -> str | None:
+    """Why a fault of `kind`, written or drawn, could not fire in this job; None when it can."""
+    if kind in STANDBY_KINDS and (not job.warm_standby or job.restart_policy == "job"):
+        return (f"{kind} needs a warm standby: this job has warm_standby = {job.warm_standby} and restart_policy = "
+                f"{job.restart_policy!r} (the standby needs 1 and 'slot')")
+    if kind == "kill-midreduce" and job.grad_reduction != "fixed":
+        return (f"kill-midreduce fires inside the fixed-order gradient reduction; this job uses grad_reduction = "
+                f"{job.grad_reduction!r}")
+    return None
 
 
 RELAUNCHING_KINDS = ("preempt", "ckpt-crash")
@@ -403,12 +410,9 @@ def random_kinds(value: Any, job: JobSpec, where: str) -> tuple[str, ...]:
         if kind not in allowed:
             why = " (it must be ordered with other faults: write it as a [[faults]] table)" if kind in KINDS else ""
             raise ScenarioError(f"{where} kinds: {kind!r} cannot be drawn{why}; drawn kinds are {list(allowed)}")
-        if kind in STANDBY_KINDS and (not job.warm_standby or job.restart_policy == "job"):
-            raise ScenarioError(f"{where} kinds: {kind} needs a warm standby: this job has warm_standby = "
-                                f"{job.warm_standby} and restart_policy = {job.restart_policy!r}")
-        if kind == "kill-midreduce" and job.grad_reduction != "fixed":
-            raise ScenarioError(f"{where} kinds: kill-midreduce fires inside the fixed-order gradient reduction; this "
-                                f"job uses grad_reduction = {job.grad_reduction!r}")
+        unfit = _unfit_for(kind, job)
+        if unfit is not None:
+            raise ScenarioError(f"{where} kinds: {unfit}")
     if len(set(value)) != len(value):
         raise ScenarioError(f"{where} kinds = {value!r}: a kind listed twice (each is drawn as often as the others)")
     return tuple(value)

@@ -19,6 +19,7 @@ from ftcoord.record import GenerationRecord, JoinRequest
 from ftcoord.slot_report import SlotReport
 from ftcoord.slots import SlotFacts, read_facts, register
 from ftcoord.store import get_or_none
+from tests.helpers.frames import count_frame_looks
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -278,8 +279,6 @@ def test_a_stillness_never_counts_the_time_a_thread_waited_on_its_peers(store_se
     collective and tears its group down, still, not waiting. Its stillness counts from when it stopped waiting: in CI
     it counted from its last ping, 24 s before, and the leader it became fenced itself in every generation it
     decided."""
-    from tests.helpers.frames import count_frame_looks
-
     count_frame_looks(monkeypatch, ("/threading.py",))  # a wait in threading stands for a collective
     store, heartbeat, _ = still_heartbeat(store_server, job_id, 4, generation=2, publish_every=0.1)
     peers_done = threading.Event()
