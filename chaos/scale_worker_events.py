@@ -20,8 +20,12 @@ from gevent import monkey
 monkey.patch_all()  # before anything imports threading, socket or time's users
 
 import ctypes  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+
+import gevent  # noqa: E402
+from gevent.hub import Waiter  # noqa: E402
 
 from chaos.timed_event import TimedEvent  # noqa: E402
 
@@ -61,6 +65,46 @@ def coalesce_timers(timing: Timing) -> None:
         raise OSError(ctypes.get_errno(), f"prctl(PR_SET_TIMERSLACK, {slack_ns}) failed")
 
 
+_OS_SOCKET = monkey.get_original("socket", "socket")
+_READ, _WRITE = 1, 2  # libev's EV_READ, EV_WRITE
+
+
+class LoopWaits:
+    """chaos.wire_store's waits for one connection on this process's event loop: the operating system's socket,
+    non-blocking, and a watcher each for reading and writing. A wait ends when its watcher or its timer fires, with no
+    exception thrown (chaos.timed_event, for the same reason). A connection cut from another greenlet (its socket shut
+    down: ftcoord.store_link, the call watch) wakes its reader, which then reads the end."""
+
+    def __init__(self, cooperative: socket.socket) -> None:
+        self.sock = _OS_SOCKET(fileno=cooperative.detach())  # the same descriptor: the link's cuts find it
+        self.sock.setblocking(False)
+        self._hub = gevent.get_hub()
+        self._reading = self._hub.loop.io(self.sock.fileno(), _READ)
+        self._writing = self._hub.loop.io(self.sock.fileno(), _WRITE)
+
+    def readable(self, timeout: float | None) -> bool:
+        if timeout is None:
+            self._hub.wait(self._reading)
+            return True
+        waiter = Waiter(self._hub)
+        timer = self._hub.loop.timer(max(timeout, 0.0))
+        self._reading.start(waiter.switch, True)
+        timer.start(waiter.switch, False, update=True)
+        try:
+            return bool(waiter.get())
+        finally:
+            self._reading.stop()
+            timer.close()
+
+    def writable(self) -> None:
+        self._hub.wait(self._writing)
+
+
+def wire_on_loop(address: StoreAddress, timeout: float) -> WireStore:
+    """A participant's store client: chaos.wire_store's, waited on by this process's event loop (LoopWaits)."""
+    return WireStore.connect(address, timeout, LoopWaits)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Simulated participants (chaos.scale_worker's arguments); after "floor", the floor's bare clients
     (chaos.scale_floor's)."""
@@ -69,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdin = FileObjectPosix(sys.stdin.fileno(), "r", close=False)
     sys.stdout = FileObjectPosix(sys.stdout.fileno(), "w", close=False)
     if argv[:1] == ["floor"]:
-        return scale_floor.worker(argv[1:], client=lambda address: WireStore.connect(StoreAddress.parse(address),
-                                                                                    _CONNECT_S))
-    StoreLink.open_client = staticmethod(WireStore.connect)
+        return scale_floor.worker(argv[1:],
+                                  client=lambda address: wire_on_loop(StoreAddress.parse(address), _CONNECT_S))
+    StoreLink.open_client = staticmethod(wire_on_loop)
     return scale_worker.main(argv, prepare=coalesce_timers)
 
 

@@ -223,7 +223,7 @@ def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tm
         assert result["run_as"] == participants
         assert result["false_positives"] == 0 and not result["problems"], (participants, result["problems"])
         assert result["advance_s"]["median"] > 0, (participants, result["advance_s"])
-    assert results["events"]["bulk_clients"] == ["WireStore.connect"], results["events"]["bulk_clients"]
+    assert results["events"]["bulk_clients"] == ["wire_on_loop"], results["events"]["bulk_clients"]
     assert results["threads"]["bulk_clients"] == ["tcpstore_client"], results["threads"]["bulk_clients"]
     threads, events = (
         {op: n for op, n in results[p]["requests_per_advance"].items() if op.split("/")[0] in ("trainer", "monitor")}

@@ -2,15 +2,22 @@
 
 Both clients talk to a real store server through a proxy that records every byte a client sends; the same
 operations must produce the same bytes (the event-loop participants of `chaos bench --scale` would otherwise measure
-a protocol of their own) and the same results. Then the client under a StoreLink: a call cut from another thread."""
+a protocol of their own) and the same results. Then the client under a StoreLink: a call cut from another thread; and
+the client as an event-loop worker runs it."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +30,8 @@ from ftcoord.store_link import StoreLink, is_connection_failure, tcpstore_client
 from tests.helpers.slow_store import SlowProxy
 
 pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -141,3 +150,85 @@ def test_a_connection_to_a_server_that_never_answers_fails_within_its_timeout() 
         assert time.monotonic() - started < 3.0
     finally:
         silent.close()
+
+
+LOOP_SCRIPT = r"""
+import json, os, socket, sys, time
+from datetime import timedelta
+import chaos.scale_worker_events as events  # monkey patches, as a worker does
+import gevent
+import torch.distributed as dist
+from gevent.timeout import Timeout
+from ftcoord.address import StoreAddress
+from tests.unit.test_wire_store import _operations
+
+thrown = []
+expire = Timeout._on_expiration
+Timeout._on_expiration = lambda self, greenlet, ex: (thrown.append(ex), expire(self, greenlet, ex))[1]
+raw = events.wire_on_loop(StoreAddress.parse(sys.argv[1]), 5.0)
+out = {"pid": os.getpid(), "answers": [repr(a) for a in _operations(raw, raw.prefixed("ftcoord/job"), "k")]}
+raw.num_keys()  # answered: every request before it reached the server
+big = os.urandom(8 << 20)  # more than the socket's buffers hold: the send waits to write, the read takes many
+raw.set("big", big)
+out["big"] = raw.get("big") == big
+t0 = time.monotonic()
+try:
+    raw.wait(["never"], timedelta(milliseconds=200))
+    out["timed_out"] = None
+except dist.DistStoreError:
+    out["timed_out"] = round(time.monotonic() - t0, 3)
+out["after_timeout"] = raw.add("n", 1)  # the cancelled wait's answers were read: the connection is in step
+out["thrown"] = len(thrown)
+cut = {}
+def wait_long():
+    t = time.monotonic()
+    try:
+        raw.wait(["never"], timedelta(seconds=30))
+    except Exception as exc:
+        cut.update(error=type(exc).__name__, s=round(time.monotonic() - t, 3))
+waiter = gevent.spawn(wait_long)
+gevent.sleep(0.3)
+socket.socket(fileno=os.dup(raw.fileno())).shutdown(socket.SHUT_RDWR)  # as ftcoord.store_link cuts a connection
+waiter.join(10)
+out["cut"] = cut
+print(json.dumps(out))
+"""
+
+
+def test_a_wire_client_on_an_event_loop_sends_the_same_and_waits_without_exceptions() -> None:
+    """chaos.scale_worker_events' clients (an operating system's socket, waited on by the event loop: chaos.wire_store)
+    send the same bytes and get the same answers as the blocking client; a request larger than the socket's buffers
+    goes whole, and its answer comes back whole; a timed wait runs out on time with no exception thrown into its
+    greenlet, and leaves the connection in step; a connection shut down under a wait (how a StoreLink cuts one) ends
+    the wait at once. In a process of its own: gevent's monkey patching would change this one."""
+    pytest.importorskip("gevent")
+    results = {}
+    for name in ("blocking", "loop"):
+        server = StoreProcess.start("127.0.0.1", 0, own_session=True)
+        proxy = SlowProxy(server.address)
+        try:
+            if name == "blocking":
+                answers, sent = _run(proxy, lambda p=proxy: WireStore.connect(StoreAddress.parse(p.address), 5.0),
+                                     lambda raw: raw.prefixed("ftcoord/job"))
+                results[name] = ([repr(a) for a in answers], sent, os.getpid(), None)
+            else:
+                done = subprocess.run([sys.executable, "-c", LOOP_SCRIPT, proxy.address], capture_output=True,
+                                      text=True, timeout=50, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                assert done.returncode == 0, done.stderr[-3000:]
+                out = json.loads(done.stdout.strip().splitlines()[-1])
+                results[name] = (out["answers"], bytes(proxy.sent[0]), out["pid"], out)
+        finally:
+            proxy.close()
+            server.stop()
+    (blocking, sent_blocking, pid_blocking, _), (loop, sent_loop, pid_loop, out) = results["blocking"], results["loop"]
+    assert loop == blocking
+    opening = 1 + 4 + 1  # VALIDATE and its magic number, PING; then the pid it pings with, then the operations
+    assert sent_loop[:opening] == sent_blocking[:opening]
+    assert sent_loop[opening:opening + 4] == struct.pack("<I", pid_loop & 0xFFFFFFFF)
+    assert sent_blocking[opening:opening + 4] == struct.pack("<I", pid_blocking & 0xFFFFFFFF)
+    operations = len(sent_blocking)  # the blocking run ended with its operations; the loop's went on
+    assert len(sent_blocking) > 500 and sent_loop[opening + 4:operations] == sent_blocking[opening + 4:]
+    assert out["big"] is True
+    assert out["timed_out"] is not None and 0.19 <= out["timed_out"] < 1.0, out
+    assert out["after_timeout"] == 1 and out["thrown"] == 0, out
+    assert out["cut"].get("error") == "DistNetworkError" and out["cut"]["s"] < 1.0, out
