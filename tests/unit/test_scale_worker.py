@@ -65,12 +65,12 @@ def test_every_event_reaches_the_driver_whole_and_in_order() -> None:
     assert [json.loads(line)["slot"] for line in lines] == list(range(3000))
 
 
-@pytest.mark.parametrize(("interval", "slack_ns"), [(None, 10_000_000), (0.05, 1_000_000)], ids=["default", "fast"])
-def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_25th_of_a_tick_at_most(
+@pytest.mark.parametrize(("interval", "slack_ns"), [(None, 50_000_000), (0.05, 5_000_000)], ids=["default", "fast"])
+def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_fifth_of_a_tick_at_most(
         interval: float | None, slack_ns: int) -> None:
     """An event-loop worker's timers (a few hundred due a second: its participants' beats, looks and steps) may fire
-    up to 10 ms late, so that one wake-up of the process serves several; a 25th of the participants' tick at most
-    (1 ms for a beat every 50 ms). Read from the running worker (/proc: the kernel's own figure)."""
+    up to 50 ms late, so that one wake-up of the process serves several; a fifth of the participants' tick at most
+    (5 ms for a beat every 50 ms). Read from the running worker (/proc: the kernel's own figure)."""
     pytest.importorskip("gevent")
     from ftcoord.server import StoreProcess
 
