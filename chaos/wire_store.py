@@ -127,12 +127,12 @@ class WireStore:
         """One request, in as few sends as the socket takes (not sendall: gevent's asks the kernel for the socket's
         buffer size on every call, a system call per request; 3% of an event-loop worker's CPU in an advance)."""
         data = memoryview(bytes([query]) + b"".join(parts))
-        waits = self._owner._waits
         try:
             while data:
                 try:
                     data = data[self._sock.send(data):]
                 except BlockingIOError:  # only an event loop's socket: its buffer is full
+                    waits = self._owner._waits
                     assert waits is not None
                     waits.writable()
         except OSError as exc:
@@ -140,11 +140,11 @@ class WireStore:
 
     def _fill(self, timeout: float | None) -> bool:
         """Read what the server sent; False when nothing came within `timeout` seconds (None: no limit)."""
-        buffer = self._owner._buffer
-        sock = self._sock
         waits = self._owner._waits
         if waits is not None:
             return self._fill_on_loop(waits, timeout)
+        buffer = self._owner._buffer
+        sock = self._sock
         if timeout is not None:
             sock.settimeout(max(timeout, 0.001))  # 0 would make the socket non-blocking, not a timed wait
         try:
