@@ -79,7 +79,8 @@ def _measure(run: Path, report: dict[str, Any], with_kill: bool) -> dict[str, An
 
 
 def run_store_bench(out: Path, reps: int) -> int:
-    from chaos.cli import run_scenario
+    from chaos.report import run_and_report
+    from chaos.scenario import load
 
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {"restart": [], "kill_while_away": []}
@@ -87,7 +88,7 @@ def run_store_bench(out: Path, reps: int) -> int:
         for case, with_kill in (("restart", False), ("kill_while_away", True)):
             name = f"store-{case.replace('_', '-')}"
             run = out / f"{name}-{rep}"
-            report = run_scenario(str(_scenario(out, name, with_kill)), run, quiet=True)
+            report = run_and_report(load(str(_scenario(out, name, with_kill))), run, quiet=True)
             runs[case].append(_measure(run, report, with_kill))
     result = {
         "steps_while_away": summary([r["steps_while_away"] for r in runs["restart"] + runs["kill_while_away"]], 0),

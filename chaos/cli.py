@@ -76,17 +76,9 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
 def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
     """Run a scenario and its reference; write and return the report."""
     scenario = load(name)  # a bad scenario is refused before torch is imported
-    from chaos.reference import ensure_reference
-    from chaos.report import build_report, write_report
-    from chaos.run import ChaosRunner
+    from chaos.report import run_and_report
 
-    ref_dir, ref = ensure_reference(scenario, quiet=quiet)
-    result = ChaosRunner(scenario, out, quiet=quiet).run()
-    (out / "scenario.toml").write_text(Path(scenario.path).read_text())
-    report = build_report(out, scenario, ref_dir, ref)
-    report["wall_s"] = round(result.wall_s, 2)
-    write_report(out, report, ref_dir)
-    return report
+    return run_and_report(scenario, out, quiet=quiet)
 
 
 def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:

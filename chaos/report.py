@@ -175,3 +175,23 @@ def markdown(report: dict[str, Any]) -> str:
     if report["problems"]:
         lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
     return "\n".join(lines)
+
+
+def run_and_report(scenario: Scenario, out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Run a scenario and its reference; write the run's report into `out` and return it.
+
+    Args:
+        scenario: the loaded scenario (chaos.scenario.load).
+        out: the run directory; created if missing.
+        quiet: no live display on the terminal.
+    """
+    from chaos.reference import ensure_reference
+    from chaos.run import ChaosRunner
+
+    ref_dir, ref = ensure_reference(scenario, quiet=quiet)
+    result = ChaosRunner(scenario, out, quiet=quiet).run()
+    (out / "scenario.toml").write_text(Path(scenario.path).read_text())
+    report = build_report(out, scenario, ref_dir, ref)
+    report["wall_s"] = round(result.wall_s, 2)
+    write_report(out, report, ref_dir)
+    return report

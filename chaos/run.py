@@ -18,9 +18,9 @@ from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
 from chaos.run_store import RunStore
 from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STANDBY_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
-from ftcoord.launch_config import spare_slot
 from ftcoord.log import get_logger
 from ftcoord.process_state import state
+from ftcoord.spares import spare_slot
 from ftcoord.store import get_or_none
 from ftcoord.store_link import StoreLink
 

@@ -7,6 +7,12 @@ from dataclasses import dataclass, fields
 
 from ftcoord.errors import ConfigError
 
+FENCE_POLL_S = 0.1
+"""How often a launcher reads its slots' fences (ftcoord.fence_watch)."""
+FENCE_ANSWER_S = 3 * FENCE_POLL_S
+"""How long a fenced process's launcher may take to answer (a replacement on its way, or the process dead) before
+the leader takes its node for lost and decides without it."""
+
 
 @dataclass(frozen=True)
 class Timing:

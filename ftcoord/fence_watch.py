@@ -16,8 +16,8 @@ from typing import Any, Protocol, TypeVar
 import torch.distributed as dist
 
 from ftcoord import keys
+from ftcoord.config import FENCE_POLL_S
 from ftcoord.decisions import newest_term
-from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.slots import parse_fence
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ftcoord import keys
-from ftcoord.judgement import FENCE_POLL_S
+from ftcoord.config import FENCE_POLL_S
 from ftcoord.store import get_or_none, raise_to
 
 

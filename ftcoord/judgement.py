@@ -25,27 +25,18 @@ import time
 import torch.distributed as dist
 
 from ftcoord import evidence, keys
-from ftcoord.config import Timing
+from ftcoord.config import FENCE_ANSWER_S, Timing
 from ftcoord.decisions import read_announcements, read_record
 from ftcoord.heartbeat import LivenessObserver
+from ftcoord.keys import GONE, HEARTBEAT_STALE, HUNG
 from ftcoord.nodes import NodeMap
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import SlotFacts
-
-HEARTBEAT_STALE, HUNG, GONE = "heartbeat_stale", "hung", "gone"
-DEATH_REASONS = (HEARTBEAT_STALE, HUNG, GONE)
-"""Why the leader interrupts a generation for one of its members (`<reason>:slot=<member>`): it is dead or fenced
-(its peers read them: ftcoord.release)."""
 
 RELEASE_LOOKBACK = 4
 """How many generations back a silent process fenced outside the running generation is looked for among the members
 (ftcoord.release): the generations decided without it since the one it was blocked in (a partial quorum, a grow)."""
 
-FENCE_POLL_S = 0.1
-"""How often a launcher reads its slots' fences (ftcoord.supervisor)."""
-FENCE_ANSWER_S = 3 * FENCE_POLL_S
-"""How long a fenced process's launcher may take to answer (a replacement on its way, or the process dead) before
-the leader takes its node for lost and decides without it."""
 
 
 class Judge:

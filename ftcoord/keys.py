@@ -14,7 +14,8 @@ FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
 INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.jobs), for observers
 LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.jobs)
-INSTANCE = "instance"  # "epoch:nonce": which life of the store server this is (ftcoord.store_link)
+# "instance" holds "epoch:nonce", which life of the store server this is: the store layer reads and writes it
+# (ftcoord.store_link.INSTANCE_KEY), below the protocol.
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.slot_report)
 JOB_RESTARTS = "job_restarts"  # counter: whole-job restarts asked (`--restart-policy job`: ftcoord.job_restarts)
 
@@ -104,6 +105,12 @@ over it), so a stopped job that is launched again decides the numbers after it."
 def joiners(generation: int) -> str:
     """Append-only list of join announcements (JSON lines) for a generation; its lines are their count."""
     return f"gen/{generation}/joiners"
+
+
+HEARTBEAT_STALE, HUNG, GONE = "heartbeat_stale", "hung", "gone"
+DEATH_REASONS = (HEARTBEAT_STALE, HUNG, GONE)
+"""Why the leader interrupts a generation for one of its members (`<reason>:slot=<member>`): it is dead or fenced
+(its peers read them: ftcoord.release)."""
 
 
 def interrupt(generation: int) -> str:

@@ -20,7 +20,8 @@ from ftcoord import arguments, log
 from ftcoord.children_env import standby_env
 from ftcoord.env import DEFAULT_STORE_HOST, store_timeout_from_env
 from ftcoord.errors import FtcoordError
-from ftcoord.launch_config import MAX_SPARES, SPARE_SLOT_BASE, LaunchConfig
+from ftcoord.launch_config import LaunchConfig
+from ftcoord.spares import MAX_SPARES, SPARE_SLOT_BASE
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 
 EXIT_FAILED = 1

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.judgement import Judge
 from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slots import SPARE_SLOT_BASE, SlotFacts
+from ftcoord.slots import SlotFacts
+from ftcoord.spares import SPARE_SLOT_BASE
 
 
 @dataclass

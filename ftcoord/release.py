@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftcoord import group_sockets, keys
-from ftcoord.judgement import DEATH_REASONS
+from ftcoord.keys import DEATH_REASONS
 from ftcoord.log import get_logger
 from ftcoord.store import wait_get
 

@@ -9,7 +9,6 @@ import torch.distributed as dist
 
 from ftcoord import keys
 from ftcoord.decisions import newest_term
-from ftcoord.launch_config import SPARE_SLOT_BASE  # noqa: F401 - the leader seats workers before spares
 from ftcoord.store import get_or_none, read_int
 from ftcoord.store_link import bounded_multi_get
 

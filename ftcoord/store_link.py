@@ -49,13 +49,16 @@ from typing import Any, TypeVar
 import tenacity
 import torch.distributed as dist
 
-from ftcoord import group_sockets, keys
+from ftcoord import group_sockets
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.call_watch import UNANSWERED_OPS, CallWatch
 from ftcoord.env import STORE_INSTANCE_ENV, STORE_TIMEOUT_ENV
 from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
 from ftcoord.log import get_logger
 from ftcoord.store import KEY_PREFIX, get_or_none, timed_get
+
+INSTANCE_KEY = "instance"
+"""The job's key that holds "epoch:nonce": which life of the store server this is."""
 
 T = TypeVar("T")
 
@@ -342,9 +345,9 @@ class StoreLink:
 
     def _read_or_write_instance(self, view: dist.Store, proposal: Instance | None) -> Instance | None:
         """The store's instance; when it has none, `proposal` is written first (None: nothing is written)."""
-        raw = get_or_none(view, keys.INSTANCE)
+        raw = get_or_none(view, INSTANCE_KEY)
         if raw is None and proposal is not None:
-            raw = view.compare_set(keys.INSTANCE, "", str(proposal))
+            raw = view.compare_set(INSTANCE_KEY, "", str(proposal))
         return Instance.parse(raw) if raw is not None else None
 
     def _proposal(self) -> Instance | None:
@@ -451,7 +454,7 @@ class LinkedStore:
         """The current connection (a real dist.Store), checked alive with one round trip, connecting if needed."""
 
         def alive(store: dist.Store) -> dist.Store:
-            store.check([keys.INSTANCE])
+            store.check([INSTANCE_KEY])
             return store
 
         return self._call("check", alive)

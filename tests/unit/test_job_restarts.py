@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord.config import FENCE_POLL_S
 from ftcoord.job_restarts import JobRestarts
-from ftcoord.judgement import FENCE_POLL_S
 from ftcoord.store import read_int
 
 pytestmark = pytest.mark.timeout(30)

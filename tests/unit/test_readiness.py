@@ -8,9 +8,9 @@ import time
 from dataclasses import replace
 
 from ftcoord import StoreServer, connect, job_store, keys
-from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.config import FENCE_ANSWER_S, QuorumPolicy, Timing
 from ftcoord.heartbeat import LivenessObserver
-from ftcoord.judgement import FENCE_ANSWER_S, Judge
+from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.proposal import Proposer
 from ftcoord.readiness import OpenClock, Readiness, left_out_by, readiness, still_left_out

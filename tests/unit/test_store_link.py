@@ -24,7 +24,7 @@ from ftcoord.process_state import stopped
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import register
 from ftcoord.store import get_or_none, wait_get
-from ftcoord.store_link import Instance, LinkedStore, StoreLink, StoreRestarted
+from ftcoord.store_link import INSTANCE_KEY, Instance, LinkedStore, StoreLink, StoreRestarted
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,10 +126,10 @@ def test_a_process_cut_off_through_two_restarts_is_superseded(store: Restartable
     paused.on_new_instance(lambda view, base: rebuild.record(view, held, None))
     for _ in range(2):
         store.restart()
-        awake_client.check([keys.INSTANCE])  # moves to the next instance
+        awake_client.check([INSTANCE_KEY])  # moves to the next instance
     assert awake.instance.epoch == 2
     with pytest.raises(Superseded, match="does not follow"):
-        paused_client.check([keys.INSTANCE])
+        paused_client.check([INSTANCE_KEY])
     with pytest.raises(Superseded):  # and stays so
         paused_client.set("x", "1")
     assert get_or_none(awake_client, keys.record(5)) is None
@@ -147,7 +147,7 @@ def test_a_replacement_started_while_the_store_was_away_writes_the_next_epoch(st
     replacement = StoreLink(store.address, job_id, known=known, may_start_job=True)
     replacement.connect()
     assert replacement.instance is not None and replacement.instance.epoch == known.epoch + 1
-    launcher.client().check([keys.INSTANCE])
+    launcher.client().check([INSTANCE_KEY])
     assert launcher.instance == replacement.instance  # the launcher adopts it: the next epoch of its own
     launcher.close()
     replacement.close()
@@ -291,8 +291,8 @@ def test_an_observer_that_knows_nothing_never_writes_an_instance(store: Restarta
     store.restart()
     observer = StoreLink(store.address, job_id)
     client = observer.connect()
-    assert observer.instance is None and get_or_none(client, keys.INSTANCE) is None
-    member.client().check([keys.INSTANCE])  # the member moves on to epoch 1
+    assert observer.instance is None and get_or_none(client, INSTANCE_KEY) is None
+    member.client().check([INSTANCE_KEY])  # the member moves on to epoch 1
     assert observer.learn_instance(client) == member.instance and member.instance.epoch == 1
     member.close()
     observer.close()
@@ -425,7 +425,7 @@ def test_a_timed_get_counts_what_the_server_handles_and_rides_through_a_restart(
     thread.start()
     wait_until(lambda: client.requests[("trainer", "get")] >= 3, 10, "the second get sent")
     store.restart()
-    wait_until(lambda: writer.check([keys.INSTANCE]), 10, "the writer in the new instance")
+    wait_until(lambda: writer.check([INSTANCE_KEY]), 10, "the writer in the new instance")
     writer.set("k", "after the restart")
     thread.join(15)
     assert found == [b"after the restart"]
