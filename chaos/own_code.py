@@ -20,7 +20,7 @@ CODE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkout_command(module: str, args: list[str]) -> list[str]:
-    """`python -P -m module args`: with `own_code_env`, the module of this checkout (ftcoord.interpreter.module_command
+    """`python -P -m module args`: with `own_code_env`, the module of this checkout (ftcoord.host.interpreter.module_command
     gives a child its parent's path options instead: a rank's helpers)."""
     return [sys.executable, "-P", "-m", module, *args]
 

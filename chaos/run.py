@@ -18,8 +18,8 @@ from chaos.launchers import Launchers
 from chaos.progress import LedgerTail, ProgressDisplay
 from chaos.run_store import RunStore
 from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STANDBY_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
+from ftcoord.host.process_state import state
 from ftcoord.log import get_logger
-from ftcoord.process_state import state
 from ftcoord.spares import spare_slot
 from ftcoord.store import get_or_none
 from ftcoord.store_link import StoreLink
@@ -351,7 +351,7 @@ def _group_of(pid: int) -> int | None:
 
 def _remove_flash_images(job_id: str) -> None:
     """A lost node (its launcher SIGKILLed) leaves its job scratch; this run's job id is never reused."""
-    from ftcoord import scratch
+    from ftcoord.host import scratch
 
     shutil.rmtree(scratch.job_dir(job_id), ignore_errors=True)
 

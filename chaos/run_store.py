@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from chaos.own_code import start_worker
 from ftcoord import StoreProcess, StoreServer
+from ftcoord.host.reap import wait_killed
 from ftcoord.log import get_logger
-from ftcoord.reap import wait_killed
 
 HOST = "127.0.0.1"
 

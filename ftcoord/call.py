@@ -13,10 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ftcoord import evidence, group_sockets, keys, pausepoints
+from ftcoord import evidence, keys, pausepoints
 from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
 from ftcoord.heal import HealReport, heal
+from ftcoord.host import group_sockets
 from ftcoord.log import get_logger
 from ftcoord.participant import Participant
 from ftcoord.record import GenerationRecord
@@ -94,7 +95,7 @@ class CallWrapper:
         self._pg_timeout = pg_timeout
         self._group: dist.ProcessGroup | None = None
         self._backend: str | None = None
-        self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.group_sockets)
+        self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.host.group_sockets)
         self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (ftcoord.release)
         self._atomic_depth = 0
         self.step: int = -1

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ftcoord import group_sockets
+from ftcoord.host import group_sockets
 
 SLOW_LIMIT = 3
 """A call the store is slow to answer, while it answers this process's others, is cut after this many op_timeouts

@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 
-from ftcoord import arguments, env, scratch
+from ftcoord import arguments, env
+from ftcoord.host import scratch
 
 
 def _gc(args: argparse.Namespace) -> int:

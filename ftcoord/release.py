@@ -10,7 +10,7 @@ a detection in 2.2 s), and no launcher was left to kill the silent peer and clos
 So each member watches its generation for as long as its group lives (`GroupRelease`, a thread per generation):
 once the generation is interrupted for the death of one of its members (the interrupt's reason names it:
 `heartbeat_stale`, `hung` or `gone`, written by the leader: ftcoord.judgement), the group's sockets are shut down
-(ftcoord.group_sockets), a collective blocked on that member fails at once, and the member rejoins like any other.
+(ftcoord.host.group_sockets), a collective blocked on that member fails at once, and the member rejoins like any other.
 A collective cannot complete without that member anyway, so nothing that would have completed is cut. A rejoin
 (`rejoin:slot=<n>`, written by a newer incarnation of a member's slot: ftcoord.generation) names a member gone as
 surely: its incarnation in this generation died or was fenced, and a newer one registered in its place. It cuts
@@ -42,7 +42,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ftcoord import group_sockets, keys
+from ftcoord import keys
+from ftcoord.host import group_sockets
 from ftcoord.keys import DEATH_REASONS
 from ftcoord.log import get_logger
 from ftcoord.store import wait_get

@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import StoreUnavailable
-from ftcoord.interpreter import module_command
+from ftcoord.host.interpreter import module_command
+from ftcoord.host.reap import wait_killed
 from ftcoord.listen import bind_listen_socket
-from ftcoord.reap import wait_killed
 
 DEFAULT_HOST = DEFAULT_STORE_HOST
 DEFAULT_PORT = DEFAULT_STORE_PORT

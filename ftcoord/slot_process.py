@@ -6,7 +6,7 @@ yet marked) and keeps saying it (`keys.replacing`, a beat every REPLACING_BEAT_S
 The leader waits for a replacement while this beat moves (up to barrier_timeout): a cold start on a busy node can
 take many seconds, and deciding without it would shrink the world and grow it back a moment later. A launcher that
 dies or gives up stops beating, and the leader stops waiting one heartbeat timeout later; so for a replacement
-stopped before it registered (ftcoord.process_state), which the job waited for up to barrier_timeout. Continued, it
+stopped before it registered (ftcoord.host.process_state), which the job waited for up to barrier_timeout. Continued, it
 grows the job back.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from ftcoord import keys
-from ftcoord.process_state import stopped
+from ftcoord.host.process_state import stopped
 from ftcoord.restart_delay import RestartDelay
 from ftcoord.standby_handle import ForkedProcess
 from ftcoord.store import read_int

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftcoord.process_state import stopped, zombie_exit_code
-from ftcoord.reap import wait_killed
+from ftcoord.host.process_state import stopped, zombie_exit_code
+from ftcoord.host.reap import wait_killed
 from ftcoord.standby import LIFELINE_FD_ENV, NICE_ENV, READY_FD_ENV, PythonCommand
 
 FORK_ANSWER_S = 2.0

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from ftcoord import launcher_report
+from ftcoord.host.process_state import stopped
 from ftcoord.launch_config import LaunchConfig
-from ftcoord.process_state import stopped
 from ftcoord.standby import PythonCommand
 from ftcoord.standby_handle import ForkedProcess, ForkFailed, PendingFork, WarmStandby
 

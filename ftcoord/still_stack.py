@@ -29,7 +29,7 @@ from types import FrameType
 
 from structlog.typing import FilteringBoundLogger
 
-from ftcoord.process_state import thread_state
+from ftcoord.host.process_state import thread_state
 
 WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
 """Where a training thread sits while it waits for its peers in a collective: among its innermost frames."""

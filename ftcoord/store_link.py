@@ -10,7 +10,7 @@ from it (one client per thread: a thread blocked in `wait` holds its client). A 
 operations of `dist.Store` that ftcoord uses, under the job's key prefix (or none, for the store's job
 index), and:
 - **bounds every operation** (ftcoord.call_watch): one unanswered for `op_timeout` beyond its own wait, while the
-  store has answered nothing of this process for op_timeout, has its socket shut down (as ftcoord.group_sockets
+  store has answered nothing of this process for op_timeout, has its socket shut down (as ftcoord.host.group_sockets
   releases a hung collective) and counts as a server gone away; a store that is slow but answers is waited for
   (up to 3 op_timeouts), not cut and reconnected to by every process at once;
 - **reconnects** to the same address, with backoff, and runs the operation again; when the store stays
@@ -49,11 +49,11 @@ from typing import Any, TypeVar
 import tenacity
 import torch.distributed as dist
 
-from ftcoord import group_sockets
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.call_watch import UNANSWERED_OPS, CallWatch
 from ftcoord.env import STORE_INSTANCE_ENV, STORE_TIMEOUT_ENV
 from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
+from ftcoord.host import group_sockets
 from ftcoord.log import get_logger
 from ftcoord.store import KEY_PREFIX, get_or_none, timed_get
 

@@ -23,16 +23,17 @@ from dataclasses import InitVar, dataclass, field
 
 import torch.distributed as dist
 
-from ftcoord import env, keys, launcher_report, rebuild, scratch, stack_dump
+from ftcoord import env, keys, launcher_report, rebuild
 from ftcoord.children_env import children_env, job_env, standby_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.fence_watch import FenceWatch
 from ftcoord.heartbeat import mark_dead
+from ftcoord.host import scratch, stack_dump
+from ftcoord.host.reap import wait_killed
 from ftcoord.job_end import JobEndWatch
 from ftcoord.job_restarts import JobRestarts
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
-from ftcoord.reap import wait_killed
 from ftcoord.slot_process import SlotProcess
 from ftcoord.standby import PythonCommand, unsupported
 from ftcoord.standby_handle import ForkedProcess, ForkFailed
@@ -189,7 +190,7 @@ class Supervisor:
             self._log.info("scratch_released", removed=[str(p) for p in removed])
 
     def _take_scratch(self) -> None:
-        """Reap what dead jobs left in this node's shared memory; own this job's (see ftcoord.scratch)."""
+        """Reap what dead jobs left in this node's shared memory; own this job's (see ftcoord.host.scratch)."""
         for orphan in scratch.reap(keep_job=self.config.job_id):
             self._log.warning("scratch_reaped", path=str(orphan.path), job_id=orphan.job_id, bytes=orphan.bytes,
                               why="its job is not running on this node")
@@ -343,7 +344,7 @@ class Supervisor:
         Even inside `call.atomic()` (a checkpoint commit): a commit is crash-safe by construction
         (a kill mid-write leaves a temp directory, never a torn checkpoint), so waiting would only
         turn a hang into a longer stall for every peer. The kill waits only for the process's stacks
-        (ftcoord.stack_dump: DUMP_WAIT_S at most, after the replacement was announced).
+        (ftcoord.host.stack_dump: DUMP_WAIT_S at most, after the replacement was announced).
         """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         for slot in self._fences.fenced(running, now):

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ftcoord import env, log, stack_dump
+from ftcoord import env, log
 from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import (
@@ -41,6 +41,7 @@ from ftcoord.errors import (
     StoreUnavailable,
     Superseded,
 )
+from ftcoord.host import stack_dump
 
 if TYPE_CHECKING:
     from ftcoord.participant import Participant

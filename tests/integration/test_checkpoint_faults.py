@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ftcoord import StoreServer, scratch
+from ftcoord import StoreServer
+from ftcoord.host import scratch
 from tests.helpers.disk import small_disk
 from tests.helpers.train_runs import TrainingRun, train_args
 from tests.helpers.wait import wait_until

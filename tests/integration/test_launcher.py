@@ -16,8 +16,8 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys, pausepoints
 from ftcoord.decisions import LeaderClaim
-from ftcoord.process_state import state, stopped
-from ftcoord.stack_dump import KERNEL_VIEW
+from ftcoord.host.process_state import state, stopped
+from ftcoord.host.stack_dump import KERNEL_VIEW
 from ftcoord.store import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
@@ -79,7 +79,7 @@ def test_sigkill_is_survived_in_process_and_the_slot_comes_back_from_a_warm_stan
           f"full size again after {1000 * (full - killed_at):.0f} ms")
     run.assert_correct(200)
     assert [e["result"] for e in run.events("exit")] == ["done", "done"]
-    # The killed process could not remove its empty stacks file (ftcoord.stack_dump); its launcher did.
+    # The killed process could not remove its empty stacks file (ftcoord.host.stack_dump); its launcher did.
     assert not list((tmp_path / "logs").glob("stacks-*")), list((tmp_path / "logs").glob("stacks-*"))
     # The standby started before the launcher imported torch and reached the store (their imports side by side).
     [standby], [launcher] = run.logs("standby_started"), run.logs("launcher_started")
@@ -302,7 +302,7 @@ def test_stalled_training_thread_is_treated_as_hung(store_server: StoreServer, j
     declared = run.logs("member_declared_dead")
     assert declared and declared[0]["reason"] == "hung" and declared[0]["slot"] == 1
     (fenced,) = run.logs("rank_fenced_killed")
-    # Before the kill, the process wrote every stack (ftcoord.stack_dump): the training thread's, where it stalled.
+    # Before the kill, the process wrote every stack (ftcoord.host.stack_dump): the training thread's, where it stalled.
     (dumped,) = run.logs("rank_stacks_dumped")
     assert dumped["pid"] == fenced["pid"] and dumped["outcome"] == "dumped", dumped
     stacks = Path(dumped["file"]).read_text()

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from ftcoord import StoreProcess, group_sockets
+from ftcoord import StoreProcess
 from ftcoord.call_watch import SLOW_LIMIT, CallWatch
+from ftcoord.host import group_sockets
 from ftcoord.store_link import StoreLink
 from tests.helpers.slow_store import SlowProxy
 from tests.helpers.wait import wait_until

@@ -65,7 +65,7 @@ def test_a_pause_that_ends_inside_a_partition_of_its_node_leaves_the_process_sto
     that one process inside a node that answers nothing. The partition now holds it, and the partition's heal
     continues the whole node. Real processes in a session of their own, as a node's launcher is."""
     from chaos.run import ChaosRunner
-    from ftcoord.process_state import stopped
+    from ftcoord.host.process_state import stopped
 
     scenario = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\nnodes = [[0], [1]]\n',
                      "x.toml")

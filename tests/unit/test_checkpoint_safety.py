@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftcoord import scratch
+from ftcoord.host import scratch
 from tests.helpers.disk import small_disk
 from tests.helpers.wait import wait_until
 from tests.unit.test_checkpoint import make_state, save

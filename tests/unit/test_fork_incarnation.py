@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord.host.reap import wait_killed
 from ftcoord.launch_config import LaunchConfig
-from ftcoord.reap import wait_killed
 from ftcoord.slot_process import SlotProcess
 from ftcoord.slots import register
 from ftcoord.supervisor import Supervisor

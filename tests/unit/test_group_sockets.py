@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from ftcoord import group_sockets
+from ftcoord.host import group_sockets
 
 pytestmark = pytest.mark.timeout(30)
 

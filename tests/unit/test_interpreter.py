@@ -1,4 +1,4 @@
-"""A helper process runs the code of the process that starts it (ftcoord.interpreter).
+"""A helper process runs the code of the process that starts it (ftcoord.host.interpreter).
 
 Real processes: a trainer started with `-P` from a directory that holds another checkout's `training` saves with the
 overlapped and flash strategies, whose writer and persister are processes of their own.
@@ -48,7 +48,7 @@ def test_a_checkpoint_helper_runs_the_trainers_code_wherever_the_trainer_runs(st
 
 def test_a_child_gets_the_path_options_of_its_parent() -> None:
     """-P and -I are carried (they decide where a child finds its modules); a plain interpreter, a plain command."""
-    code = "from ftcoord.interpreter import module_command; print(module_command('m', 'a')[1:])"
+    code = "from ftcoord.host.interpreter import module_command; print(module_command('m', 'a')[1:])"
     for options, expected in (([], "['-m', 'm', 'a']"), (["-P"], "['-P', '-m', 'm', 'a']")):
         done = subprocess.run([sys.executable, *options, "-c", code], cwd=ROOT, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)

@@ -1,4 +1,4 @@
-"""ftcoord.process_state against real processes: a stopped child is told from a running or sleeping one."""
+"""ftcoord.host.process_state against real processes: a stopped child is told from a running or sleeping one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ftcoord.process_state import stopped
+from ftcoord.host.process_state import stopped
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(20)

@@ -1,11 +1,11 @@
-"""Every wait after a kill is bounded (ftcoord.reap)."""
+"""Every wait after a kill is bounded (ftcoord.host.reap)."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 
-from ftcoord.reap import wait_killed
+from ftcoord.host.reap import wait_killed
 
 
 def test_a_process_that_does_not_exit_is_waited_for_a_bounded_time(capfd) -> None:  # noqa: ANN001

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from ftcoord import StoreServer, Timing, connect, group_sockets, job_store, keys
+from ftcoord import StoreServer, Timing, connect, job_store, keys
+from ftcoord.host import group_sockets
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
 from ftcoord.record import GenerationRecord

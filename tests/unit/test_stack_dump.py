@@ -1,4 +1,4 @@
-"""A fenced process writes its stacks before the kill (ftcoord.stack_dump): real processes, real signals."""
+"""A fenced process writes its stacks before the kill (ftcoord.host.stack_dump): real processes, real signals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftcoord import stack_dump
-from ftcoord.process_state import stopped
+from ftcoord.host import stack_dump
+from ftcoord.host.process_state import stopped
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ftcoord import env
-from ftcoord.process_state import state, stopped
+from ftcoord.host.process_state import state, stopped
 from ftcoord.standby import PythonCommand, unsupported
 from ftcoord.standby_handle import ForkedProcess, ForkFailed, WarmStandby
 from tests.helpers.cluster import REPO

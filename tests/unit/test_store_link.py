@@ -15,12 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, group_sockets, keys, pausepoints, rebuild
+from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, keys, pausepoints, rebuild
 from ftcoord.config import Timing
 from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
 from ftcoord.errors import StoreLost, Superseded
 from ftcoord.generation import GenerationClient
-from ftcoord.process_state import stopped
+from ftcoord.host import group_sockets
+from ftcoord.host.process_state import stopped
 from ftcoord.record import GenerationRecord
 from ftcoord.slots import register
 from ftcoord.store import get_or_none, wait_get

@@ -6,7 +6,7 @@ atomic protocol. A process restarted on the same node loads the image from memor
 least as new as the newest checkpoint on disk.
 
 What keeps an image honest:
-- it lives in the job's node-local scratch (`ftcoord.scratch`: `<shm>/ftcoord-<job>/slot<S>/flash`),
+- it lives in the job's node-local scratch (`ftcoord.host.scratch`: `<shm>/ftcoord-<job>/slot<S>/flash`),
   which its launcher removes when the job ends, success or failure, and reaps when the job is dead;
 - it records the checkpoint directory and that directory's lineage token: a run loads only an
   image of its own lineage (a fresh run with a new --ckpt-dir never starts from a stale image);
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from ftcoord import scratch
 from ftcoord.env import LAUNCHER_PID_ENV, SLOT_ENV
-from ftcoord.interpreter import module_command
+from ftcoord.host import scratch
+from ftcoord.host.interpreter import module_command
 from training.checkpoint import atomic, shm
 from training.checkpoint.base import CheckpointStrategy, Loaded, SaveStats, load_latest
 from training.errors import CheckpointFailed

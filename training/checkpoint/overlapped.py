@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from ftcoord.interpreter import module_command
+from ftcoord.host.interpreter import module_command
 from training.checkpoint.base import CheckpointStrategy, SaveStats
 from training.errors import CheckpointFailed
 from training.state import TrainState, serialize

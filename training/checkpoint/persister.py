@@ -27,7 +27,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from ftcoord import scratch  # noqa: E402
+from ftcoord.host import scratch  # noqa: E402
 from training.checkpoint import atomic, shm  # noqa: E402
 from training.state import serialize  # noqa: E402
 

@@ -32,7 +32,7 @@ from typing import TextIO
 
 from structlog.typing import FilteringBoundLogger
 
-from ftcoord.process_state import catches, pending, stopped, threads
+from ftcoord.host.process_state import catches, pending, stopped, threads
 
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 DUMP_WAIT_S = 0.2
