@@ -29,7 +29,7 @@ from chaos.own_code import start_worker
 from chaos.run import ChaosRunner
 from chaos.scenario import Fault, Scenario
 from ftcoord import StoreServer, connect, job_store
-from ftcoord import keys as ftkeys
+from ftcoord.protocol import keys as ftkeys
 from training.ledger import read_ledgers
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from chaos.bench_recovery import summary
-from ftcoord import keys
 from ftcoord.forgetting import KEEP_GENERATIONS, ForgetSchedule, Forgetter
 from ftcoord.log import get_logger
-from ftcoord.record import GenerationRecord
-from ftcoord.server import StoreProcess
-from ftcoord.store_link import LinkedStore, StoreLink
+from ftcoord.protocol import keys
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.store.link import LinkedStore, StoreLink
+from ftcoord.store.server import StoreProcess
 
 _CHANGE_KEYS = (keys.joiners, keys.probe, keys.interrupt, keys.evidence, keys.finished, keys.arrived)
 RTT_S = 0.0002

@@ -73,15 +73,15 @@ from chaos.bench_recovery import summary
 from chaos.scale_layout import PARTICIPANT_CORES, DoesNotFit, Machine, WorkerMemory, layout, per_process, status_mb
 from chaos.scale_report import markdown, plot, targets_missed
 from chaos.scale_swarm import Swarm, process_cpu_s
-from ftcoord import keys
 from ftcoord.config import Timing
-from ftcoord.decisions import count_announcements, read_announcements
 from ftcoord.errors import ConfigError
 from ftcoord.forgetting import KEEP_GENERATIONS
 from ftcoord.heartbeat import mark_dead
-from ftcoord.server import StoreProcess
-from ftcoord.store import get_if_present
-from ftcoord.store_link import StoreLink
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import count_announcements, read_announcements
+from ftcoord.store.client import get_if_present
+from ftcoord.store.link import StoreLink
+from ftcoord.store.server import StoreProcess
 
 HOST = "127.0.0.1"
 DEFAULT_SIZES = (64, 256, 1024, 4096)
@@ -373,7 +373,7 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
 
 def _settled_key_count(store: Any, generation: int, n: int, within_s: float = 15.0) -> int:
     """The store's key count once `generation` (just decided, n members) is settled: the generation KEEP_GENERATIONS
-    before it forgotten (its last keys deleted, ftcoord.decisions.forget), and the count unchanged since. The leader
+    before it forgotten (its last keys deleted, ftcoord.protocol.generations.forget), and the count unchanged since. The leader
     forgets it only once the new generation's members all arrived (or a heartbeat timeout later:
     ftcoord.forgetting), a round or more after they joined; a count that merely stood still for a moment caught it
     before that as often as not, and a store holding one generation's keys more looked like growth (CI, twice)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from chaos.bench import _step_times
 from chaos.bench_recovery import summary
-from ftcoord.server import StoreServer
+from ftcoord.store.server import StoreServer
 
 
 def bench_status(store: str, out: Path, reps: int, steps: int) -> dict[str, Any]:

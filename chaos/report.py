@@ -94,7 +94,7 @@ INCIDENT_FIELDS = ("generation", "previous", "cause", "witness", "world_size", "
 
 
 def incidents(logs: Path) -> list[dict[str, Any]]:
-    """What each generation change cost, as its witness measured it (ftcoord.slot_report): the numbers
+    """What each generation change cost, as its witness measured it (ftcoord.protocol.slot_report): the numbers
     `ftcoord status` and the launcher's metrics show for the same faults."""
     return [{k: e.get(k) for k in INCIDENT_FIELDS} for e in read_logs(logs, ("generation_changed",))]
 

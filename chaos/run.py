@@ -20,9 +20,9 @@ from chaos.run_store import RunStore
 from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STANDBY_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
 from ftcoord.host.process_state import state
 from ftcoord.log import get_logger
-from ftcoord.spares import spare_slot
-from ftcoord.store import get_or_none
-from ftcoord.store_link import StoreLink
+from ftcoord.protocol.spares import spare_slot
+from ftcoord.store.client import get_or_none
+from ftcoord.store.link import StoreLink
 
 RUN_TIMEOUT_S = 900.0
 FIRE_RETRY_S = 10.0

@@ -105,7 +105,7 @@ class RunStore:
         self._restart_due = None
         outage = self.outages[-1]
         outage.started_at = time.monotonic()
-        self._process = start_worker("ftcoord.store_main", ["--host", HOST, "--port", str(self.port), "--quiet"],
+        self._process = start_worker("ftcoord.store.main", ["--host", HOST, "--port", str(self.port), "--quiet"],
                                      stdout=subprocess.PIPE)
         self.restarts += 1
         self._log.warning("store_started_again", pid=self._process.pid, port=self.port, restarts=self.restarts)

@@ -45,9 +45,9 @@ from chaos.bench_recovery import summary
 from chaos.own_code import start_worker
 from chaos.scale_layout import freeze_startup_objects
 from chaos.scale_worker import GLOO_KEY_BYTES
-from ftcoord.server import StoreProcess
-from ftcoord.store import connect, get_or_none, read_int
-from ftcoord.store_main import raise_open_files
+from ftcoord.store.client import connect, get_or_none, read_int
+from ftcoord.store.main import raise_open_files
+from ftcoord.store.server import StoreProcess
 
 VARIANTS = ("least", "critical_path", "ftcoord_requests", "every_request")
 _POLL_S = 0.005  # the driver polls the count as often as ftcoord's leader polls a generation's join counter

@@ -39,7 +39,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftcoord.store_main import open_files_limit
+from ftcoord.store.main import open_files_limit
 
 PER_PROCESS = (64, 128, 256, 512)
 """Simulated participants per bulk worker process, in the order tried: the first that fits."""

@@ -27,13 +27,13 @@ from collections import Counter
 from collections.abc import Callable
 
 from chaos.scale_layout import freeze_startup_objects
-from ftcoord import keys
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
 from ftcoord.log import configure
 from ftcoord.participant import Participant
-from ftcoord.store_link import StoreLink
-from ftcoord.store_main import raise_open_files
+from ftcoord.protocol import keys
+from ftcoord.store.link import StoreLink
+from ftcoord.store.main import raise_open_files
 
 GLOO_KEY_BYTES = 152 + len(socket.gethostname())
 """A member's gloo rendezvous key with the options ftcoord sets (ftcoord.call.GLOO_RENDEZVOUS_OPTIONS): its host's

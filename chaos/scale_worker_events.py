@@ -35,11 +35,11 @@ from gevent.fileobject import FileObjectPosix  # noqa: E402
 
 from chaos import scale_floor, scale_worker  # noqa: E402
 from chaos.wire_store import WireStore  # noqa: E402
-from ftcoord.address import StoreAddress  # noqa: E402
 from ftcoord.config import Timing  # noqa: E402
-from ftcoord.store_link import StoreLink  # noqa: E402
+from ftcoord.store.address import StoreAddress  # noqa: E402
+from ftcoord.store.link import StoreLink  # noqa: E402
 
-_CONNECT_S = 30.0  # a floor client's connection (torch's, in the floor's threads: ftcoord.store.connect's deadline)
+_CONNECT_S = 30.0  # a floor client's connection (torch's, in the floor's threads: ftcoord.store.client.connect's deadline)
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
 TIMER_SLACK_S = 0.05
 """The most the kernel may fire a participant's timer late, in seconds (a fifth of a tick at most: coalesce_timers)."""
@@ -76,7 +76,7 @@ class LoopWaits:
     """chaos.wire_store's waits for one connection on this process's event loop: the operating system's socket,
     non-blocking, and a watcher each for reading and writing. A wait ends when its watcher or its timer fires, with no
     exception thrown (chaos.timed_event, for the same reason). A connection cut from another greenlet (its socket shut
-    down: ftcoord.store_link, the call watch) wakes its reader, which then reads the end."""
+    down: ftcoord.store.link, the call watch) wakes its reader, which then reads the end."""
 
     def __init__(self, cooperative: socket.socket) -> None:
         self.sock = _OS_SOCKET(fileno=cooperative.detach())  # the same descriptor: the link's cuts find it

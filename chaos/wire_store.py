@@ -33,7 +33,7 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from ftcoord.address import StoreAddress
+from ftcoord.store.address import StoreAddress
 
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
  CANCEL_WAIT, PING) = range(14)

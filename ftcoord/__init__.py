@@ -17,9 +17,9 @@ _WHERE = {
     "QuorumTimeout": "ftcoord.errors", "StoreUnavailable": "ftcoord.errors",
     "mark_dead": "ftcoord.heartbeat",
     "Participant": "ftcoord.participant",
-    "GenerationRecord": "ftcoord.record",
-    "StoreProcess": "ftcoord.server", "StoreServer": "ftcoord.server",
-    "StoreAddress": "ftcoord.address", "connect": "ftcoord.store", "job_store": "ftcoord.store",
+    "GenerationRecord": "ftcoord.protocol.record",
+    "StoreProcess": "ftcoord.store.server", "StoreServer": "ftcoord.store.server",
+    "StoreAddress": "ftcoord.store.address", "connect": "ftcoord.store.client", "job_store": "ftcoord.store.client",
     "RestartsExhausted": "ftcoord.wrapper", "Wrapper": "ftcoord.wrapper",
 }
 
@@ -41,7 +41,6 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from ftcoord.address import StoreAddress
     from ftcoord.call import CallWrapper, GenerationInterrupted
     from ftcoord.config import QuorumPolicy, Timing
     from ftcoord.errors import (
@@ -56,7 +55,8 @@ if TYPE_CHECKING:
     )
     from ftcoord.heartbeat import mark_dead
     from ftcoord.participant import Participant
-    from ftcoord.record import GenerationRecord
-    from ftcoord.server import StoreProcess, StoreServer
-    from ftcoord.store import connect, job_store
+    from ftcoord.protocol.record import GenerationRecord
+    from ftcoord.store.address import StoreAddress
+    from ftcoord.store.client import connect, job_store
+    from ftcoord.store.server import StoreProcess, StoreServer
     from ftcoord.wrapper import RestartsExhausted, Wrapper

@@ -13,17 +13,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ftcoord import evidence, keys, pausepoints
+from ftcoord import pausepoints
 from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
 from ftcoord.heal import HealReport, heal
 from ftcoord.host import group_sockets
 from ftcoord.log import get_logger
 from ftcoord.participant import Participant
-from ftcoord.record import GenerationRecord
+from ftcoord.protocol import evidence, keys
+from ftcoord.protocol.record import GenerationRecord
 from ftcoord.release import GroupRelease
-from ftcoord.store import wait_for_key
-from ftcoord.store_link import LinkedStore
+from ftcoord.store.client import wait_for_key
+from ftcoord.store.link import LinkedStore
 
 
 def _forget_failed_creation() -> None:
@@ -142,7 +143,7 @@ class CallWrapper:
     @property
     def store(self) -> LinkedStore:
         """The job-scoped store (keys under `ftcoord/<job_id>/`): the `dist.Store` operations, riding through a
-        store that goes away and comes back (ftcoord.store_link); `.view()` is the current real `dist.Store`."""
+        store that goes away and comes back (ftcoord.store.link); `.view()` is the current real `dist.Store`."""
         return self._participant.store
 
     # -- signals ----------------------------------------------------------------------
@@ -235,7 +236,7 @@ class CallWrapper:
             self._log.info("process_group_creation_failed", sockets=released)
             raise
         self._group = dist.group.WORLD
-        if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.evidence)
+        if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.protocol.evidence)
             evidence.publish_addresses(self.store, self.iteration, self.slot,
                                        evidence.local_addresses(self._sockets))
             monitor = self._participant.monitor
@@ -322,7 +323,7 @@ class CallWrapper:
         return report.step
 
     def report_closed_peers(self, exc: BaseException) -> list[int] | None:
-        """After a failed collective: record a closed connection (ftcoord.evidence); the members it names,
+        """After a failed collective: record a closed connection (ftcoord.protocol.evidence); the members it names,
         or None when the failure was not one."""
         if self._backend != "gloo" or self._group is None:
             return None

@@ -35,7 +35,7 @@ class Timing:
     """Total deadline for reaching the store server (with backoff)."""
     store_timeout: float = 300.0
     """How long a running process rides through a store that went away (reconnecting, training on) before
-    it gives up: an emergency checkpoint and exit code 75 (ftcoord.store_link)."""
+    it gives up: an emergency checkpoint and exit code 75 (ftcoord.store.link)."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -70,7 +70,7 @@ class Timing:
 
     @property
     def probe_grace(self) -> float:
-        """After a leader asked every live process to beat at once (a probe, ftcoord.evidence): how long
+        """After a leader asked every live process to beat at once (a probe, ftcoord.protocol.evidence): how long
         a silent member of a generation with a closed connection has to answer before it counts as gone."""
         return min(0.25, self.evidence_silence)
 
@@ -100,7 +100,7 @@ class Timing:
     def store_op_timeout(self) -> float:
         """How long one store operation may go unanswered, with nothing else of the process answered either, before
         the store counts as away (a hung server hangs its clients past TCPStore's own timeouts; a slow one that
-        answers others is waited for up to three times this: ftcoord.call_watch): two heartbeat timeouts, at least
+        answers others is waited for up to three times this: ftcoord.store.call_watch): two heartbeat timeouts, at least
         10 s."""
         return max(10.0, 2 * self.heartbeat_timeout)
 

@@ -24,7 +24,7 @@ import math
 import time
 
 from ftcoord.config import Timing
-from ftcoord.record import GenerationRecord
+from ftcoord.protocol.record import GenerationRecord
 
 DEPUTY_FACTOR = 4
 LOOKERS_PER_TICK = 64

@@ -20,12 +20,12 @@ from collections.abc import Callable
 import structlog
 import torch.distributed as dist
 
-from ftcoord import keys, rebuild
-from ftcoord.decisions import LeaderClaim
 from ftcoord.judgement import Judge
-from ftcoord.record import GenerationRecord
-from ftcoord.slots import SlotFacts, read_facts_and
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys, restore
+from ftcoord.protocol.generations import LeaderClaim
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import SlotFacts, read_facts_and
+from ftcoord.store.client import get_or_none
 
 
 class Election:
@@ -57,7 +57,7 @@ class Election:
         """A follower's round: the leader's claim and its holder's counters (and our own incarnation), in one request,
         observed by the judge. Returns (read_at, facts, holder); holder None when there is nobody to judge yet (the
         key was absent and this process claimed the first term, or a new holder is judged from the next round on).
-        `pinned`: the store instance the round's observations must come from (ftcoord.store_link)."""
+        `pinned`: the store instance the round's observations must come from (ftcoord.store.link)."""
         read_at = time.monotonic()
         holder = self._holder
         if holder is None:  # absent: claim the first term; present: learn the holder
@@ -124,10 +124,10 @@ class Election:
         self.claim = None
 
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
-        """The store restarted (ftcoord.rebuild): write back the newest term known (a term only grows)."""
+        """The store restarted (ftcoord.protocol.restore): write back the newest term known (a term only grows)."""
         claim = self.claim
         term = max(self._terms_seen, claim.term if claim else 0, record.leader_term if record else 0)
-        rebuild.leader_term(store, str(claim) if claim is not None else None, term)
+        restore.leader_term(store, str(claim) if claim is not None else None, term)
 
     def forget_holder(self) -> None:
         """The store restarted: learn the holder afresh from the new instance."""

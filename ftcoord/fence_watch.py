@@ -15,10 +15,10 @@ from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
-from ftcoord import keys
 from ftcoord.config import FENCE_POLL_S
-from ftcoord.decisions import newest_term
-from ftcoord.slots import parse_fence
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import newest_term
+from ftcoord.protocol.slots import parse_fence
 
 
 class Child(Protocol):

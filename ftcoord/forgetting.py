@@ -1,6 +1,6 @@
 """When the leader deletes an old generation's keys: once the members of the newest have read its record.
 
-A generation's keys are deleted KEEP_GENERATIONS decisions later (ftcoord.decisions.forget: a dozen keys, plus
+A generation's keys are deleted KEEP_GENERATIONS decisions later (ftcoord.protocol.generations.forget: a dozen keys, plus
 one rendezvous key per member, one request each: ~1,000 at 1,024 members). The leader used to delete them in
 the round right after a decision, which is when every member reads the new record and meets at its rendezvous:
 at 1,024 simulated participants (`chaos bench --scale`) ~1,000 deletes, ~46 ms of requests, queued among the
@@ -33,9 +33,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.decisions import forget
 from ftcoord.errors import StoreLost
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import forget
 
 KEEP_GENERATIONS = 4
 """A generation's keys are deleted this many decisions after it (the newest generations stay readable)."""
@@ -84,7 +84,7 @@ class ForgetSchedule:
 
 
 class Forgetter:
-    """A thread that deletes the generations a leader hands it (ftcoord.decisions.forget), on a client of its own,
+    """A thread that deletes the generations a leader hands it (ftcoord.protocol.generations.forget), on a client of its own,
     so that the leader's round does not wait for their round trips (module docstring)."""
 
     def __init__(self, open_client: Callable[[], dist.Store], name: str, log: Any) -> None:

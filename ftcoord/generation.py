@@ -11,7 +11,7 @@ it was paused) and its launcher will kill, raises Superseded before it announces
 interrupts anyone, so a ghost cannot interrupt every generation that lists its slot, nor ask the
 members to grow for it.
 
-A joiner that finds a restarted store (ftcoord.store_link) announces itself again, for the next number of
+A joiner that finds a restarted store (ftcoord.store.link) announces itself again, for the next number of
 the new epoch: the announcement it made is lost, and the number it waited for is never decided there.
 
 The job's end reaches a waiting process where it waits: the record it waits for becomes keys.ENDED (written by
@@ -26,9 +26,12 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import keys, pausepoints, rebuild
+from ftcoord import pausepoints
 from ftcoord.config import Timing
-from ftcoord.decisions import (
+from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
+from ftcoord.log import get_logger
+from ftcoord.protocol import keys, restore
+from ftcoord.protocol.generations import (
     current_generation,
     is_end,
     is_forgotten,
@@ -37,12 +40,10 @@ from ftcoord.decisions import (
     parse_record,
     read_record,
 )
-from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
-from ftcoord.log import get_logger
-from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slots import fenced, superseded
-from ftcoord.store import get_or_none, wait_for_key, wait_get
-from ftcoord.store_link import StoreRestarted, instance_number
+from ftcoord.protocol.record import GenerationRecord, JoinRequest
+from ftcoord.protocol.slots import fenced, superseded
+from ftcoord.store.client import get_or_none, wait_for_key, wait_get
+from ftcoord.store.link import StoreRestarted, instance_number
 
 _NEW_INSTANCE = object()  # _wait_record's answer when the store restarted meanwhile
 
@@ -148,7 +149,7 @@ class GenerationClient:
 
     def interrupt(self, generation: int, reason: str) -> str:
         """End a generation for every member (first reason wins); the reason that won, ours or an earlier one. Never
-        with an empty reason: a member's watch reads an empty interrupt key as one not set (ftcoord.store.wait_get)."""
+        with an empty reason: a member's watch reads an empty interrupt key as one not set (ftcoord.store.client.wait_get)."""
         if not reason:
             raise ValueError("a generation is interrupted with a reason (got an empty one)")
         won = self._store.compare_set(keys.interrupt(generation), "", reason).decode()
@@ -194,8 +195,8 @@ class GenerationClient:
             mark_ended(store, next_generation(store, record.generation))  # a hot spare waits for that record
 
     def rebuild(self, store: dist.Store) -> None:
-        """Tell a restarted store what this process knows of the job's end (ftcoord.rebuild)."""
-        rebuild.ended(store, self._seen.get(keys.DONE), self._seen.get(keys.STOPPED), self._seen.get(keys.FATAL))
+        """Tell a restarted store what this process knows of the job's end (ftcoord.protocol.restore)."""
+        restore.ended(store, self._seen.get(keys.DONE), self._seen.get(keys.STOPPED), self._seen.get(keys.FATAL))
         if self._finished_in is not None:
             self._count_finished(store, *self._finished_in)
 

@@ -18,11 +18,11 @@ from types import FrameType
 
 import torch.distributed as dist
 
-from ftcoord import jobs, keys
 from ftcoord.log import get_logger
-from ftcoord.slot_report import SlotReport
+from ftcoord.protocol import jobs, keys
+from ftcoord.protocol.slot_report import SlotReport
 from ftcoord.still_stack import StillStack, waits_on_peers
-from ftcoord.store import raise_to
+from ftcoord.store.client import raise_to
 
 _STOP_WAIT_S = 2.0  # how long `stop` waits for a beat in flight
 
@@ -43,7 +43,7 @@ class Heartbeat:
     next beat once it ends): a leader that takes over during the stillness counts from there, not from its
     own first read (ftcoord.judgement; a stuck rank whose leader was killed was fenced 6 s late at a progress
     timeout of 6 s, twice its timeout after it stopped). The thread waits for nothing in the store: a leader's
-    question ("beat now", ftcoord.evidence) reaches it through `beat_now()`, from the interrupt monitor.
+    question ("beat now", ftcoord.protocol.evidence) reaches it through `beat_now()`, from the interrupt monitor.
     """
 
     def __init__(self, store: dist.Store, slot: int, interval: float, report: SlotReport | None = None,
@@ -149,7 +149,7 @@ class Heartbeat:
 
     def _publish_report(self, report: SlotReport, now: float) -> None:
         """The slot's status, when it changed (at most every publish_every unless its generation or rank did, or
-        it committed its first step), and the incidents this process measured (ftcoord.slot_report)."""
+        it committed its first step), and the incidents this process measured (ftcoord.protocol.slot_report)."""
         identity = (report.generation, report.rank)
         first_commit = report.step >= 0 and not self._first_commit_noted
         if identity != self._published_identity or first_commit or now - self._status_at >= self._publish_every:
@@ -167,7 +167,7 @@ class Heartbeat:
             self._log.info("generation_changed", mono=time.monotonic(), **incident.__dict__)
 
     def rebuild(self) -> None:
-        """The store restarted (ftcoord.rebuild): publish everything again."""
+        """The store restarted (ftcoord.protocol.restore): publish everything again."""
         self._published_status = ""
         self._published_identity = None
         self._published_progress = ""

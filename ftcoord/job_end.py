@@ -22,8 +22,8 @@ import math
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
 
 DONE_POLL_S = 1.0
 """How often a launcher with running children looks whether the job ended: two store requests, at most once a

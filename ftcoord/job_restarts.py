@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ftcoord import keys
 from ftcoord.config import FENCE_POLL_S
-from ftcoord.store import get_or_none, raise_to
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none, raise_to
 
 
 class JobRestarts:

@@ -3,7 +3,7 @@
 Made on observations only (ftcoord.heartbeat.LivenessObserver): a counter is silent for the time between
 the read that first showed its value and the latest read, so an observer paused between its reads and its
 judgement calls nobody dead. Evidence (a launcher's dead mark, a connection closed under a collective and no
-answer to the leader's question: ftcoord.evidence) needs no waiting; silence for heartbeat_timeout is the
+answer to the leader's question: ftcoord.protocol.evidence) needs no waiting; silence for heartbeat_timeout is the
 last resort. A member alive but making no progress for progress_timeout is stuck: only the culprit is fenced
 (its launcher kills it, so its peers fail at once), never a peer that waits for it in a collective. A process
 stuck outside the running generation (it hung while its generation ended for another cause) is fenced too, or
@@ -24,14 +24,14 @@ import time
 
 import torch.distributed as dist
 
-from ftcoord import evidence, keys
 from ftcoord.config import FENCE_ANSWER_S, Timing
-from ftcoord.decisions import read_announcements, read_record
 from ftcoord.heartbeat import LivenessObserver
-from ftcoord.keys import GONE, HEARTBEAT_STALE, HUNG
-from ftcoord.nodes import NodeMap
-from ftcoord.record import GenerationRecord
-from ftcoord.slots import SlotFacts
+from ftcoord.protocol import evidence, keys
+from ftcoord.protocol.generations import read_announcements, read_record
+from ftcoord.protocol.keys import GONE, HEARTBEAT_STALE, HUNG
+from ftcoord.protocol.nodes import NodeMap
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import SlotFacts
 
 RELEASE_LOOKBACK = 4
 """How many generations back a silent process fenced outside the running generation is looked for among the members
@@ -85,7 +85,7 @@ class Judge:
     def gone_by_evidence(self, record: GenerationRecord | None, joined: set[int] = frozenset()) -> set[int]:
         """Members of `record` gone by evidence: a connection closed under the generation, and they neither
         rejoined, nor said they were leaving, nor beat for `evidence_silence` or since they were asked to
-        (a probe, answered within `probe_grace` by any live process: ftcoord.evidence)."""
+        (a probe, answered within `probe_grace` by any live process: ftcoord.protocol.evidence)."""
         if record is None or record.failed is not None:
             return set()
         closed, leaving = evidence.read(self._store, record.generation)
@@ -210,7 +210,7 @@ class Judge:
         awaited, whatever its heartbeat says, once its launcher is past due (`unanswered_fences`): counted alive by
         its heartbeat, a rank fenced as hung whose launcher was paused held the next generation for join_timeout (a
         chaos schedule, pause-launcher: 3.2 s). One that announces itself is seated as any joiner: under a launcher
-        it ends itself first while this leader leads (ftcoord.slots.fenced, from raise_if_superseded), and a deposed
+        it ends itself first while this leader leads (ftcoord.protocol.slots.fenced, from raise_if_superseded), and a deposed
         leader's fence names nobody (its launcher does not carry it out either); with no launcher to carry out its
         fence it is meant to take part again. Its next leader does not wait for it either: the record carries it as
         left out (the leader passes these to ftcoord.readiness.still_left_out)."""

@@ -21,7 +21,7 @@ from ftcoord.children_env import standby_env
 from ftcoord.env import DEFAULT_STORE_HOST, store_timeout_from_env
 from ftcoord.errors import FtcoordError
 from ftcoord.launch_config import LaunchConfig
-from ftcoord.spares import MAX_SPARES, SPARE_SLOT_BASE
+from ftcoord.protocol.spares import MAX_SPARES, SPARE_SLOT_BASE
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 
 EXIT_FAILED = 1
@@ -90,7 +90,7 @@ def parse_config(argv: list[str] | None) -> tuple[LaunchConfig, argparse.Namespa
         arguments.executable(command[0])
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
-    from ftcoord.address import StoreAddress, check_job_id
+    from ftcoord.store.address import StoreAddress, check_job_id
 
     try:
         check_job_id(args.job_id)
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     logger = log.get_logger(component="launcher")
     standby = _start_standby(config, logger) if not args.embedded_store else None  # embedded: no address yet
     from ftcoord.config import Timing
-    from ftcoord.server import StoreServer
-    from ftcoord.store_link import StoreLink
+    from ftcoord.store.link import StoreLink
+    from ftcoord.store.server import StoreServer
     from ftcoord.supervisor import EXIT_USAGE, Supervisor
 
     server = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftcoord.spares import spare_slot
+from ftcoord.protocol.spares import spare_slot
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ has announced itself; old generations are forgotten once the members of the newe
 by a thread of the leader's process, so its round does not wait out their deletes (ftcoord.forgetting).
 Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
 
-Across a store restart (ftcoord.store_link, ftcoord.rebuild): a round's record is written only into the
+Across a store restart (ftcoord.store.link, ftcoord.protocol.restore): a round's record is written only into the
 store instance its observations came from (the write is pinned: a leader that paused through a restart
 writes nothing), a new instance decides only numbers of its own epoch, and the leader forgets what it
 fenced and observed there (those keys are gone; the counters start again).
@@ -50,9 +50,17 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from ftcoord import keys, pausepoints
+from ftcoord import pausepoints
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.decisions import (
+from ftcoord.deputies import Cadence
+from ftcoord.election import Election
+from ftcoord.forgetting import ForgetSchedule, Forgetter
+from ftcoord.judgement import Judge
+from ftcoord.log import get_logger
+from ftcoord.monitor import stop_asked
+from ftcoord.proposal import Proposer
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import (
     LeaderClaim,
     await_announcements,
     current_generation,
@@ -62,20 +70,13 @@ from ftcoord.decisions import (
     read_announcements,
     read_record,
 )
-from ftcoord.deputies import Cadence
-from ftcoord.election import Election
-from ftcoord.forgetting import ForgetSchedule, Forgetter
-from ftcoord.judgement import Judge
-from ftcoord.log import get_logger
-from ftcoord.monitor import stop_asked
-from ftcoord.proposal import Proposer
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import SlotFacts
 from ftcoord.readiness import OpenClock, left_out_by, still_left_out
-from ftcoord.record import GenerationRecord
 from ftcoord.record_write import Written, write_record
 from ftcoord.slot_reads import SlotReads
-from ftcoord.slots import SlotFacts
-from ftcoord.store import woken
-from ftcoord.store_link import StoreRestarted, instance_number
+from ftcoord.store.client import woken
+from ftcoord.store.link import StoreRestarted, instance_number
 
 _JOIN_POLL_S = 0.005  # how often the leader counts the announcements while a generation is open
 _STALL_S = _JOIN_POLL_S  # the least a rejoin's announcements stand still before it is judged afresh (_follow_rejoin)
@@ -249,13 +250,13 @@ class LeaderDuty:
             self._tell_watch()
 
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
-        """The store restarted (ftcoord.rebuild): write back the leader's term; forget fences and probes."""
+        """The store restarted (ftcoord.protocol.restore): write back the leader's term; forget fences and probes."""
         self._election.rebuild(store, record)
         self._rebuilt.set()
 
     def note_closed(self, record: GenerationRecord) -> None:
         """A connection closed under a collective of ours in `record`'s generation: a hint to look at
-        the evidence (ftcoord.evidence) when judging its members, the leader among them."""
+        the evidence (ftcoord.protocol.evidence) when judging its members, the leader among them."""
         self._closed_in = record
 
     @property
@@ -341,7 +342,7 @@ class LeaderDuty:
         stall_s = max(_STALL_S, self._reads.read_s)
         polled = None if self._paused_since(read_at) else self._await_joiners(generation, alive, stall_s, read_at)
         if not self._store.check([keys.interrupt(current)]):
-            self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.wait_for_key)
+            self._quiet = current  # woken by a compare_set that set nothing (see ftcoord.store.client.wait_for_key)
             return False
         self._interrupted = current
         if polled is None:
@@ -363,7 +364,7 @@ class LeaderDuty:
         """Poll the announcements until `expecting` have announced themselves (everyone the last round waited for:
         the announcements read, on which it decides at once), a probe's grace ends, a fenced process's launcher is due
         to have answered (ftcoord.judgement), or a tick passes (a new round looks at who is alive and at the last
-        call): None; see ftcoord.decisions.await_announcements. A rejoin's poll (`stall_s`: while the announcements
+        call): None; see ftcoord.protocol.generations.await_announcements. A rejoin's poll (`stall_s`: while the announcements
         keep coming) goes on past a tick, until this round's reads (from `read_at`) are too old to act on: at 4,096
         participants one poll during the rush waited 0.3-0.4 s in the store's queue, and a poll cut after a tick sent
         the leader to read every slot (1.3-1.6 s then) in three advances of ten (issue 17)."""

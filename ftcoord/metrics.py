@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ftcoord.errors import PortInUse
-from ftcoord.launcher_report import RESTART_KINDS
 from ftcoord.log import get_logger
-from ftcoord.slot_report import STALL_BUCKETS, StallCounts
+from ftcoord.protocol.launcher_report import RESTART_KINDS
+from ftcoord.protocol.slot_report import STALL_BUCKETS, StallCounts
 from ftcoord.status import JobReader, JobView
 
 SAMPLE_S = 1.0

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import keys
 from ftcoord.errors import StoreLost
 from ftcoord.log import get_logger
-from ftcoord.store import get_or_none, wait_get, woken
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none, wait_get, woken
 
 
 def stale_stop(store: dist.Store) -> bytes | None:
@@ -55,7 +55,7 @@ class InterruptMonitor:
 
     While the watched generation runs, the thread sits in one store wait on its interrupt key (slices of
     `slice_s`, 10 s at the defaults: a few requests per slice, whatever the job's size); when it fires, it
-    waits on the generation's probe key (ftcoord.evidence) and has the heartbeat beat at once (`on_beat`)
+    waits on the generation's probe key (ftcoord.protocol.evidence) and has the heartbeat beat at once (`on_beat`)
     when a leader asks, until the process watches a newer generation (the leader sets the probe key to
     keys.PROBE_RELEASED once the next one is decided, which ends that wait without a beat: at 1,024
     participants, a beat and a status write each in the burst of record reads). A wake after this process announced

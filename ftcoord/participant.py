@@ -7,8 +7,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import env, jobs, keys, rebuild
-from ftcoord.address import StoreAddress
+from ftcoord import env
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
 from ftcoord.forgetting import Forgetter
@@ -17,11 +16,13 @@ from ftcoord.heartbeat import Heartbeat
 from ftcoord.leader import LeaderDuty
 from ftcoord.log import get_logger
 from ftcoord.monitor import InterruptMonitor
-from ftcoord.record import GenerationRecord
-from ftcoord.slot_report import SlotReport
-from ftcoord.slots import register, superseded_by
+from ftcoord.protocol import jobs, keys, restore
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slot_report import SlotReport
+from ftcoord.protocol.slots import register, superseded_by
 from ftcoord.still_stack import StillStack
-from ftcoord.store_link import LinkedStore, StoreLink, instance_from_env
+from ftcoord.store.address import StoreAddress
+from ftcoord.store.link import LinkedStore, StoreLink, instance_from_env
 from ftcoord.watchdog import HelperWatch, exit_process
 
 
@@ -45,7 +46,7 @@ class Participant:
     its process groups); the one that lists the job in the store's index is closed once it did, so the store
     holds ~5 descriptors per rank (its open-file limit bounds a job's size: ftcoord-store says so at start).
 
-    Every client comes from one StoreLink (ftcoord.store_link): they ride through a store that goes away
+    Every client comes from one StoreLink (ftcoord.store.link): they ride through a store that goes away
     and comes back; when it comes back empty, this process writes back what it holds (`_rebuild`).
     """
 
@@ -81,7 +82,7 @@ class Participant:
         self._log = get_logger(component="participant", slot=slot)
 
     def start(self, on_wait: Callable[[BaseException], None] | None = None) -> Participant:
-        """Connect, register and start the helper threads (`on_wait`: see `ftcoord.store.connect`)."""
+        """Connect, register and start the helper threads (`on_wait`: see `ftcoord.store.client.connect`)."""
         self.link = StoreLink(self.address, self.job_id, connect_timeout=self.timing.connect_timeout,
                               store_timeout=self.timing.store_timeout, op_timeout=self.timing.store_op_timeout,
                               known=instance_from_env(), may_start_job=True, on_wait=on_wait)
@@ -135,11 +136,11 @@ class Participant:
         return max(every, self.timing.heartbeat_interval)
 
     def _rebuild(self, store: dist.Store, base: dist.Store) -> None:
-        """The store came back empty: write back what this process holds (see ftcoord.rebuild)."""
-        rebuild.slot(store, self.slot, self.incarnation)
+        """The store came back empty: write back what this process holds (see ftcoord.protocol.restore)."""
+        restore.slot(store, self.slot, self.incarnation)
         record = self.record
         if record is not None:
-            rebuild.record(store, record, self.monitor.reason if self.monitor.fired else None)
+            restore.record(store, record, self.monitor.reason if self.monitor.fired else None)
         jobs.list_job(base, store, self.job_id)
         jobs.describe(store, self.timing)
         self.generations.rebuild(store)

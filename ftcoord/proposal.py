@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.judgement import Judge
+from ftcoord.protocol.record import GenerationRecord, JoinRequest
+from ftcoord.protocol.slots import SlotFacts
 from ftcoord.quorum import choose_members
 from ftcoord.readiness import OpenClock, Readiness, readiness
-from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slots import SlotFacts
 
 
 @dataclass(frozen=True)

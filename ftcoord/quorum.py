@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftcoord.config import QuorumPolicy
-from ftcoord.record import JoinRequest
+from ftcoord.protocol.record import JoinRequest
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Recovery at the speed of evidence, not of timeouts:
 - at once when every live slot has joined (a starting job: every worker; spares only at last call);
 - a slot is dead without waiting when there is evidence: its launcher's dead mark, or a connection
   that closed under the generation's collectives while it neither rejoined, announced leaving nor
-  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.evidence); the
+  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.protocol.evidence); the
   record carries such members as left out, so a leader that takes over does not wait for their heartbeat timeout;
   a hot spare on the same node as members gone so (their node is lost), or one the leader saw silent for
   evidence_silence (its announcement may be older than its silence), must beat after the leader's question to be
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.judgement import Judge
-from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slots import SlotFacts
-from ftcoord.spares import SPARE_SLOT_BASE
+from ftcoord.protocol.record import GenerationRecord, JoinRequest
+from ftcoord.protocol.slots import SlotFacts
+from ftcoord.protocol.spares import SPARE_SLOT_BASE
 
 
 @dataclass

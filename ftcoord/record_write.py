@@ -3,7 +3,7 @@
 The record is written once, with compare_set from absent, and only while the writer still holds its term (its claim
 is confirmed just before): a leader deposed meanwhile writes nothing, and one that paused before its write and wakes
 after the generation was decided fails it. The write is pinned to the store instance the leader's observations came
-from (ftcoord.store_link): a leader that paused through a store restart writes nothing into the new instance. A
+from (ftcoord.store.link): a leader that paused through a store restart writes nothing into the new instance. A
 write that lands after the generation was decided, forgotten and its tombstone deleted (a pause of more than
 decisions.TOMBSTONE_SPAN generations at this write) is made a tombstone again: nobody waits for that generation.
 """
@@ -15,12 +15,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ftcoord import keys, pausepoints
-from ftcoord.decisions import advance_current
+from ftcoord import pausepoints
 from ftcoord.election import Election
-from ftcoord.record import GenerationRecord
-from ftcoord.store import get_or_none
-from ftcoord.store_link import StoreRestarted, pinned_compare_set
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import advance_current
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.store.client import get_or_none
+from ftcoord.store.link import StoreRestarted, pinned_compare_set
 
 
 class Written(Enum):

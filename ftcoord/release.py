@@ -42,11 +42,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ftcoord import keys
 from ftcoord.host import group_sockets
-from ftcoord.keys import DEATH_REASONS
 from ftcoord.log import get_logger
-from ftcoord.store import wait_get
+from ftcoord.protocol import keys
+from ftcoord.protocol.keys import DEATH_REASONS
+from ftcoord.store.client import wait_get
 
 _REASON = re.compile(r"^([a-z_]+):slot=(\d+)")
 _MEMBER_GONE = (*DEATH_REASONS, "rejoin")  # a rejoin: a newer incarnation of the slot took its place (docstring)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from ftcoord import keys
 from ftcoord.host.process_state import stopped
+from ftcoord.protocol import keys
 from ftcoord.restart_delay import RestartDelay
 from ftcoord.standby_handle import ForkedProcess
-from ftcoord.store import read_int
+from ftcoord.store.client import read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
 
@@ -37,7 +37,7 @@ class SlotProcess:
     incarnation: int = 0  # the incarnation the process gets when it registers
     restarts: int = 0
     restart_kinds: Counter[str] = field(default_factory=Counter)
-    """Restarts by what ended the process before (ftcoord.launcher_report.RESTART_KINDS)."""
+    """Restarts by what ended the process before (ftcoord.protocol.launcher_report.RESTART_KINDS)."""
     restart_due: float | None = None
     forking_incarnation: int = 0
     """The incarnation of its process asked of the standby and not collected yet: read before the request, as that

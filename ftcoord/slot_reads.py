@@ -18,9 +18,9 @@ Measured against a store of 1,024 slots on this machine (torch's client, nothing
 request 32-33 ms, in four requests with the three looks 21-22 ms (one request of 6,000 keys costs torch's client more
 than four of 1,500), the first request alone 5 ms: what the leader is deaf for now.
 
-Each request is cut again by its bytes (ftcoord.store_link.bounded_multi_get: 16 KB of keys, whole slots): the store's
+Each request is cut again by its bytes (ftcoord.store.link.bounded_multi_get: 16 KB of keys, whole slots): the store's
 CPU per request grows much faster than its keys, and a whole read of 4,096 slots in one request held the store 862 ms.
-The keys' names, and each slot's facts while its values stay, are kept from read to read (ftcoord.slots.FactsCache):
+The keys' names, and each slot's facts while its values stay, are kept from read to read (ftcoord.protocol.slots.FactsCache):
 at 4,096 slots that took the read's CPU from 61-91 ms to 37-59 ms a tick (medians of 55 ticks, three runs each,
 alternating, on a busy machine).
 """
@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.slots import FactsCache, SlotFacts, parse_slots, read_facts_and, read_facts_unless
+from ftcoord.protocol import keys
+from ftcoord.protocol.slots import FactsCache, SlotFacts, parse_slots, read_facts_and, read_facts_unless
 
 READ_SLOTS_PER_REQUEST = 256
 """Slots in one request of the read (1,536 keys: ~5 ms on this machine with the job quiet)."""
@@ -61,7 +61,7 @@ class SlotReads:
 
     def read(self, instance: int, running: int | None) -> tuple[float, dict[int, SlotFacts], bytes, bool]:
         """Read the leader's claim, the registered slots and every slot's counters from store instance `instance`
-        (pinned: ftcoord.store_link.pinned_multi_get). `running`: the generation the leader's last wait found
+        (pinned: ftcoord.store.link.pinned_multi_get). `running`: the generation the leader's last wait found
         running (None: none it has not seen interrupted), whose interrupt stops the read (the module docstring).
 
         Returns when the read was asked (a dead mark older than that is seen; a store that hung during the read kept

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ftcoord import launcher_report
 from ftcoord.host.process_state import stopped
 from ftcoord.launch_config import LaunchConfig
+from ftcoord.protocol import launcher_report
 from ftcoord.standby import PythonCommand
 from ftcoord.standby_handle import ForkedProcess, ForkFailed, PendingFork, WarmStandby
 
@@ -121,7 +121,7 @@ class StandbyKeeper:
             time.sleep(timeout)
 
     def state(self) -> str:
-        """For the launcher's report (ftcoord.launcher_report)."""
+        """For the launcher's report (ftcoord.protocol.launcher_report)."""
         standby = self.standby
         return launcher_report.standby_state(self.enabled, standby is not None and standby.alive,
                                              standby is not None and standby.ready)

@@ -1,7 +1,7 @@
 """A job as an operator sees it: `ftcoord status` and the launcher's metrics read it from the store.
 
 Reading only: an observer writes nothing, and the job's processes publish what it shows from their
-heartbeat threads (ftcoord.slot_report, ftcoord.launcher_report), never from the training step.
+heartbeat threads (ftcoord.protocol.slot_report, ftcoord.protocol.launcher_report), never from the training step.
 
 Heartbeat ages are this observer's own: how long it watched a slot's counter without seeing it change,
 on its monotonic clock (as a leader judges liveness, ftcoord.heartbeat). A one-shot read therefore
@@ -19,13 +19,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ftcoord import jobs, keys
-from ftcoord.decisions import LeaderClaim, is_end, last_generation, parse_record, read_record
 from ftcoord.heartbeat import LivenessObserver
-from ftcoord.slot_report import Incident
-from ftcoord.slots import registered_slots
-from ftcoord.store import get_if_present, get_or_none
-from ftcoord.store_link import bounded_multi_get
+from ftcoord.protocol import jobs, keys
+from ftcoord.protocol.generations import LeaderClaim, is_end, last_generation, parse_record, read_record
+from ftcoord.protocol.slot_report import Incident
+from ftcoord.protocol.slots import registered_slots
+from ftcoord.store.client import get_if_present, get_or_none
+from ftcoord.store.link import bounded_multi_get
 
 RECENT_GENERATIONS = 4  # the leader forgets older ones (ftcoord.leader)
 SHOWN_INCIDENTS = 10
@@ -49,7 +49,7 @@ class SlotView:
     restarts_by_kind: dict[str, int] = field(default_factory=dict)
     in_process_restarts: int | None = None
     checkpoint_stalls: dict[str, Any] | None = None
-    """The process's checkpoint stalls: count, total and cumulative bucket counts (ftcoord.slot_report)."""
+    """The process's checkpoint stalls: count, total and cumulative bucket counts (ftcoord.protocol.slot_report)."""
     fence: str | None = None
     """The last fence of the slot, "term:incarnation" ("0": never fenced)."""
     host: str | None = None
@@ -79,7 +79,7 @@ class JobView:
     incidents: list[dict[str, Any]]
     incident_count: int
     lost_s: float
-    """What every incident cost, together (ftcoord.slot_report)."""
+    """What every incident cost, together (ftcoord.protocol.slot_report)."""
     effective_ratio: float | None
     """Time in committed steps / wall time since the first commit: 1 - lost_s / elapsed."""
     step: int | None

@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ftcoord import jobs
-from ftcoord.address import StoreAddress
 from ftcoord.errors import FtcoordError, StoreUnavailable
+from ftcoord.protocol import jobs
 from ftcoord.status import JobReader
 from ftcoord.status_render import render
-from ftcoord.store import connect, job_store
+from ftcoord.store.address import StoreAddress
+from ftcoord.store.client import connect, job_store
 
 
 def show(store: str, job: str | None, *, watch: bool, as_json: bool, refresh: float,

@@ -5,7 +5,7 @@ It owns the processes of its slots. A dead process is marked dead in the store a
 when one is ready. A slot the leader fenced (hung or stalled) is SIGKILLed here, which
 turns a hang into a crash that peers blocked in a gloo collective see immediately.
 
-Its store client rides through a store that goes away (ftcoord.store_link): the loop waits in the
+Its store client rides through a store that goes away (ftcoord.store.link): the loop waits in the
 operation until the store is back, then tells a restarted store which incarnation each of its slots
 runs and which died meanwhile (`rebuild`), so a rank killed while the store was away is replaced and
 judged as soon as it returns. A store away past store_timeout ends the launcher with exit code 75, after
@@ -23,7 +23,7 @@ from dataclasses import InitVar, dataclass, field
 
 import torch.distributed as dist
 
-from ftcoord import env, keys, launcher_report, rebuild
+from ftcoord import env
 from ftcoord.children_env import children_env, job_env, standby_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.fence_watch import FenceWatch
@@ -34,11 +34,12 @@ from ftcoord.job_end import JobEndWatch
 from ftcoord.job_restarts import JobRestarts
 from ftcoord.launch_config import LaunchConfig
 from ftcoord.log import get_logger
+from ftcoord.protocol import keys, launcher_report, restore
 from ftcoord.slot_process import SlotProcess
 from ftcoord.standby import PythonCommand, unsupported
 from ftcoord.standby_handle import ForkedProcess, ForkFailed
 from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
-from ftcoord.store import get_or_none, read_int
+from ftcoord.store.client import get_or_none, read_int
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -86,12 +87,12 @@ class Supervisor:
         return values
 
     def rebuild(self, store: dist.Store, base: dist.Store) -> None:
-        """The store came back empty (ftcoord.rebuild): each slot's incarnation, a death it missed, a
+        """The store came back empty (ftcoord.protocol.restore): each slot's incarnation, a death it missed, a
         replacement on its way, and this launcher's report."""
         for slot in self.slots.values():
             if slot.finished or slot.incarnation == 0:
                 continue
-            rebuild.slot(store, slot.slot, slot.incarnation)
+            restore.slot(store, slot.slot, slot.incarnation)
             if slot.process is None or slot.process.poll() is not None:
                 mark_dead(store, slot.slot, slot.incarnation)
             if slot.replacing > slot.incarnation:

@@ -30,7 +30,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ftcoord import env, log
-from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import (
     EXIT_STORE_LOST,
@@ -42,6 +41,7 @@ from ftcoord.errors import (
     Superseded,
 )
 from ftcoord.host import stack_dump
+from ftcoord.store.address import StoreAddress, check_job_id
 
 if TYPE_CHECKING:
     from ftcoord.participant import Participant

@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ftcoord import CallWrapper, Wrapper, connect, job_store, keys, log
+from ftcoord import CallWrapper, Wrapper, connect, job_store, log
 from ftcoord import env as ftcoord_env
-from ftcoord.store import read_int
+from ftcoord.protocol import keys
+from ftcoord.store.client import read_int
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -39,7 +39,7 @@ class Row:
 TRAINING = (PY, "-m", "training")
 LAUNCH = (PY, "-m", "ftcoord.launch")
 CHAOS = (PY, "-m", "chaos.cli")
-STORE = (PY, "-m", "ftcoord.store_main")
+STORE = (PY, "-m", "ftcoord.store.main")
 
 ROWS = [
     # ftcoord-store

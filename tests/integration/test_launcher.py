@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys, pausepoints
-from ftcoord.decisions import LeaderClaim
+from ftcoord import StoreServer, connect, job_store, pausepoints
 from ftcoord.host.process_state import state, stopped
 from ftcoord.host.stack_dump import KERNEL_VIEW
-from ftcoord.store import read_int
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import LeaderClaim
+from ftcoord.store.client import read_int
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.wait import wait_until
 

@@ -79,7 +79,7 @@ def test_the_participants_beat_on_the_timing_the_bench_was_given(tmp_path: Path)
     figures on the default timing while it said another would claim what it never ran."""
     from chaos.bench_scale import scale_timing
     from chaos.scale_swarm import Swarm
-    from ftcoord.server import StoreProcess
+    from ftcoord.store.server import StoreProcess
 
     timing = scale_timing(1.0)
     assert (timing.heartbeat_interval, timing.heartbeat_timeout) == (1.0, 10.0)
@@ -116,7 +116,7 @@ def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path:
     """A worker process that exits (here: SIGKILLed behind the driver's back) takes dozens of participants with it:
     the driver says which and stops waiting, instead of waiting out its deadline (minutes at large sizes)."""
     from chaos.scale_swarm import Swarm
-    from ftcoord.server import StoreProcess
+    from ftcoord.store.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0)
     with (tmp_path / "workers.log").open("w") as log:
@@ -151,7 +151,7 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
     reconnected, advances took 20-40 s). A straggling participant's threads are shown where they wait, with what
     its interrupt watch holds (what the bench records for an advance slower than STRAGGLING_S)."""
     from chaos.scale_swarm import Swarm
-    from ftcoord.server import StoreProcess
+    from ftcoord.store.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0, own_session=True)
     with (tmp_path / "workers.log").open("w") as log:
@@ -175,9 +175,9 @@ def test_an_advance_is_timed_only_when_it_was_the_one_change_asked_for(tmp_path:
     clean advance says nothing and moves everyone exactly one generation on."""
     from chaos.bench_scale import advance
     from chaos.scale_swarm import Swarm
-    from ftcoord import keys
-    from ftcoord.server import StoreProcess
-    from ftcoord.store_link import StoreLink
+    from ftcoord.protocol import keys
+    from ftcoord.store.link import StoreLink
+    from ftcoord.store.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0, own_session=True)
     link = StoreLink(server.address, "advance", connect_timeout=30)
@@ -245,9 +245,9 @@ def _floor_requests_per_round(variant: str) -> Counter[str]:
     """One bare participant's requests in one round of the floor (chaos.scale_floor), counted as StoreLink counts
     a participant's (TCPStore's get is two), against a real store whose keys let the round run straight through."""
     from chaos import scale_floor
-    from ftcoord.server import StoreProcess
-    from ftcoord.store import connect
-    from ftcoord.store_link import _REQUESTS
+    from ftcoord.store.client import connect
+    from ftcoord.store.link import _REQUESTS
+    from ftcoord.store.server import StoreProcess
 
     class Counting:
         def __init__(self, store: object) -> None:

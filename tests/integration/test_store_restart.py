@@ -13,8 +13,8 @@ import pytest
 
 from chaos.metrics import read_logs
 from ftcoord import StoreProcess
-from ftcoord.decisions import EPOCH_SPAN
 from ftcoord.errors import EXIT_STORE_LOST
+from ftcoord.protocol.generations import EPOCH_SPAN
 from tests.helpers.train_runs import TrainingRun, train_args
 from tests.integration.test_chaos_scenarios import run
 

@@ -1,4 +1,4 @@
-"""The store link's watchdog (ftcoord.call_watch): a silent store's calls are cut at op_timeout; a slow one's, while
+"""The store link's watchdog (ftcoord.store.call_watch): a silent store's calls are cut at op_timeout; a slow one's, while
 it answers the process's other calls, are waited for (up to SLOW_LIMIT op_timeouts), not cut and sent again.
 
 The rule on its own, with real threads and time; then through a real store behind a proxy that holds its answers
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from ftcoord import StoreProcess
-from ftcoord.call_watch import SLOW_LIMIT, CallWatch
 from ftcoord.host import group_sockets
-from ftcoord.store_link import StoreLink
+from ftcoord.store.call_watch import SLOW_LIMIT, CallWatch
+from ftcoord.store.link import StoreLink
 from tests.helpers.slow_store import SlowProxy
 from tests.helpers.wait import wait_until
 

@@ -11,14 +11,15 @@ import time
 
 import pytest
 
-from ftcoord import StoreServer, Timing, connect, job_store, keys
+from ftcoord import StoreServer, Timing, connect, job_store
 from ftcoord.heartbeat import Heartbeat
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
-from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.slot_report import SlotReport
-from ftcoord.slots import SlotFacts, read_facts, register
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.protocol.record import GenerationRecord, JoinRequest
+from ftcoord.protocol.slot_report import SlotReport
+from ftcoord.protocol.slots import SlotFacts, read_facts, register
+from ftcoord.store.client import get_or_none
 from tests.helpers.frames import count_frame_looks
 from tests.helpers.wait import wait_until
 

@@ -13,9 +13,9 @@ import pytest
 from ftcoord import StoreServer, deputies
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.deputies import DEPUTY_FACTOR, Cadence
-from ftcoord.evidence import report_closed
 from ftcoord.participant import Participant
-from ftcoord.record import GenerationRecord
+from ftcoord.protocol.evidence import report_closed
+from ftcoord.protocol.record import GenerationRecord
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 

@@ -8,15 +8,16 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import Timing
-from ftcoord.decisions import LeaderClaim
 from ftcoord.election import Election
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
-from ftcoord.record import GenerationRecord
-from ftcoord.slots import register
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import LeaderClaim
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import register
+from ftcoord.store.client import get_or_none
 
 pytestmark = pytest.mark.timeout(30)
 

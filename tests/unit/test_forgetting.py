@@ -13,11 +13,12 @@ from collections.abc import Callable
 import pytest
 
 from chaos.bench_forget import bench_forget, plant
-from ftcoord import StoreServer, keys
+from ftcoord import StoreServer
 from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule, Forgetter
 from ftcoord.log import get_logger
-from ftcoord.store import get_or_none
-from ftcoord.store_link import LinkedStore, StoreLink
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
+from ftcoord.store.link import LinkedStore, StoreLink
 from tests.helpers.slow_store import SlowProxy
 from tests.helpers.wait import wait_until
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord import StoreServer, connect, job_store
 from ftcoord.host.reap import wait_killed
 from ftcoord.launch_config import LaunchConfig
+from ftcoord.protocol import keys
+from ftcoord.protocol.slots import register
 from ftcoord.slot_process import SlotProcess
-from ftcoord.slots import register
 from ftcoord.supervisor import Supervisor
 from tests.helpers.wait import wait_until
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord import StoreServer, connect, job_store
 from ftcoord.job_end import DONE_POLL_S, JobEndWatch
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
 
 pytestmark = pytest.mark.timeout(20)
 

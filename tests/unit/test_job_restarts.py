@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import FENCE_POLL_S
 from ftcoord.job_restarts import JobRestarts
-from ftcoord.store import read_int
+from ftcoord.protocol import keys
+from ftcoord.store.client import read_int
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints, slot_reads
-from ftcoord.decisions import count_announcements, read_record
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, pausepoints, slot_reads
 from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule
-from ftcoord.record import GenerationRecord
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import count_announcements, read_record
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.store.client import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -54,7 +55,7 @@ def form_three(started: list[Participant], address: str, job_id: str,
 
 
 def spy_on_compare_sets(store: Any) -> list[tuple[str, float]]:
-    """Every compare_set through `store` from now on (the leader's reads: ftcoord.store.get_or_none), with when it
+    """Every compare_set through `store` from now on (the leader's reads: ftcoord.store.client.get_or_none), with when it
     was asked; the real one answers."""
     asked: list[tuple[str, float]] = []
     compare_set = store.compare_set

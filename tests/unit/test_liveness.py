@@ -7,16 +7,17 @@ import time
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys
+from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.decisions import LeaderClaim
-from ftcoord.evidence import Probe
 from ftcoord.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.monitor import InterruptMonitor
 from ftcoord.participant import Participant
-from ftcoord.record import GenerationRecord
-from ftcoord.slot_report import SlotReport
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.protocol.evidence import Probe
+from ftcoord.protocol.generations import LeaderClaim
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slot_report import SlotReport
+from ftcoord.store.client import get_or_none
 from tests.helpers.frames import count_frame_looks
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
@@ -204,7 +205,7 @@ def test_a_status_that_stands_still_is_looked_at_once_per_publish_every_not_at_e
 def test_a_member_answers_a_probe_at_once_whatever_its_interval(store_server: StoreServer, job_id: str,
                                                                 interrupted_first: bool) -> None:
     """The evidence path's keystone: a live member beats within milliseconds of a leader's question, so silence
-    after one is proof enough (ftcoord.evidence). Asked while its generation runs (the question ends it) and
+    after one is proof enough (ftcoord.protocol.evidence). Asked while its generation runs (the question ends it) and
     after it was interrupted by someone else (its monitor then waits on the question itself)."""
     store = job_store(connect(store_server.address), job_id)
     heartbeat, monitor = _member(store_server, job_id, slot=3)
@@ -351,7 +352,7 @@ def test_an_operator_reading_the_job_does_not_wake_its_members(store_server: Sto
     absent interrupt key (a compare_set), that woke every member's interrupt watch at each refresh: a few requests
     per member, a burst of thousands at scale. It looks first."""
     from ftcoord.status import _recent
-    from ftcoord.store_link import StoreLink
+    from ftcoord.store.link import StoreLink
 
     store = job_store(connect(store_server.address), job_id)
     store.compare_set(keys.record(7), "", GenerationRecord(generation=7, members=(0,), incarnations=(1,), leader=0,

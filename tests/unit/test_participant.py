@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, keys, pausepoints
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, pausepoints
 from ftcoord.errors import JobFailed, JobFinished
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 

@@ -9,13 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys, pausepoints
-from ftcoord.decisions import advance_current, read_record
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, pausepoints
 from ftcoord.errors import Superseded
 from ftcoord.forgetting import KEEP_GENERATIONS
 from ftcoord.leader import LeaderDuty
-from ftcoord.slots import SlotFacts, fenced
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import advance_current, read_record
+from ftcoord.protocol.slots import SlotFacts, fenced
+from ftcoord.store.client import get_or_none
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -263,7 +264,7 @@ def test_a_process_that_hangs_outside_every_generation_is_fenced_too(
 def test_a_replacement_gets_a_full_timeout_of_its_own_before_it_can_be_fenced(
     store_server: StoreServer, job_id: str, participants: list[Participant]
 ) -> None:
-    """Registering bumps the incarnation before the heartbeat counter (ftcoord.slots.register): a leader that
+    """Registering bumps the incarnation before the heartbeat counter (ftcoord.protocol.slots.register): a leader that
     read between the two, judging the slot's counter alone, saw the new incarnation silent since the old one
     hung and fenced it at once (seen in the pause scenario: a replacement killed 0.05 s after it started).
     The incarnation is held here at that point: registered, not yet counted."""

@@ -12,15 +12,16 @@ from contextlib import contextmanager
 
 import pytest
 
-from ftcoord import StoreServer, Timing, connect, job_store, keys
+from ftcoord import StoreServer, Timing, connect, job_store
 from ftcoord.host import group_sockets
 from ftcoord.judgement import Judge
 from ftcoord.log import get_logger
-from ftcoord.record import GenerationRecord
+from ftcoord.protocol import keys
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import SlotFacts
 from ftcoord.release import GroupRelease, dead_member
-from ftcoord.slots import SlotFacts
-from ftcoord.store import get_or_none
-from ftcoord.store_link import LinkedStore, StoreLink
+from ftcoord.store.client import get_or_none
+from ftcoord.store.link import LinkedStore, StoreLink
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(30)

@@ -72,7 +72,7 @@ def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_fifth_of_a_
     up to 50 ms late, so that one wake-up of the process serves several; a fifth of the participants' tick at most
     (5 ms for a beat every 50 ms). Read from the running worker (/proc: the kernel's own figure)."""
     pytest.importorskip("gevent")
-    from ftcoord.server import StoreProcess
+    from ftcoord.store.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0)
     timing = [] if interval is None else ["--heartbeat-interval", str(interval), "--heartbeat-timeout",

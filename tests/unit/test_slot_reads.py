@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, keys, slot_reads, store_link
+from ftcoord import StoreServer, connect, job_store, slot_reads
+from ftcoord.protocol import keys
+from ftcoord.protocol.slots import FACT_KEYS, FactsCache, read_facts_and, read_facts_unless, register
 from ftcoord.slot_reads import SlotReads
-from ftcoord.slots import FACT_KEYS, FactsCache, read_facts_and, read_facts_unless, register
-from ftcoord.store_link import StoreLink, bounded_multi_get
+from ftcoord.store import link as store_link
+from ftcoord.store.link import StoreLink, bounded_multi_get
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -81,7 +83,7 @@ def test_a_slots_facts_stay_in_one_request_when_a_read_is_cut_by_its_bytes(
     monkeypatch: pytest.MonkeyPatch, store: Counted
 ) -> None:
     """Past MULTI_GET_BYTES of keys a read is cut into several requests (the store's CPU per request grows much faster
-    than its keys: ftcoord.store_link.MULTI_GET_BYTES), never inside a slot's keys (its facts are one snapshot), and
+    than its keys: ftcoord.store.link.MULTI_GET_BYTES), never inside a slot's keys (its facts are one snapshot), and
     reads what one request reads."""
     extra, facts = read_facts_and(store, SLOTS, [keys.LEADER])
     assert store.sizes == [1 + 5 * 6]

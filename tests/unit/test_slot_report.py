@@ -1,10 +1,10 @@
-"""What a generation change cost, measured by its witness on its own clock (ftcoord.slot_report)."""
+"""What a generation change cost, measured by its witness on its own clock (ftcoord.protocol.slot_report)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ftcoord.slot_report import STALL_BUCKETS, Incident, SlotReport, StallCounts
+from ftcoord.protocol.slot_report import STALL_BUCKETS, Incident, SlotReport, StallCounts
 
 
 class Clock:

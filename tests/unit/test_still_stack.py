@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, keys
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store
 from ftcoord.errors import JobFinished
 from ftcoord.heartbeat import Heartbeat
-from ftcoord.slot_report import SlotReport
+from ftcoord.protocol import keys
+from ftcoord.protocol.slot_report import SlotReport
 from ftcoord.still_stack import StillStack
-from ftcoord.store import get_or_none
+from ftcoord.store.client import get_or_none
 from tests.helpers.frames import count_frame_looks
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until

@@ -16,9 +16,9 @@ import pytest
 import torch.distributed as dist
 
 from ftcoord import ConfigError, PortInUse, StoreAddress, StoreServer, StoreUnavailable, connect, job_store, mark_dead
-from ftcoord.address import check_job_id
-from ftcoord.listen import bind_listen_socket
-from ftcoord.store import get_or_none, wait_for_key, wait_get
+from ftcoord.store.address import check_job_id
+from ftcoord.store.client import get_or_none, wait_for_key, wait_get
+from ftcoord.store.listen import bind_listen_socket
 
 
 def free_port() -> int:
@@ -87,7 +87,7 @@ def test_bad_job_id_is_refused(job_id: str) -> None:
 
 
 def run_cli(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ftcoord.store_main", *args],
+    return subprocess.Popen([sys.executable, "-m", "ftcoord.store.main", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -122,7 +122,7 @@ def test_cli_taken_port_is_a_one_line_error() -> None:
 def test_get_or_none_never_blocks_on_a_key_deleted_meanwhile(store_server: StoreServer, job_id: str) -> None:
     """One atomic operation: a key deleted between a check and a get used to block that get for the
     client's whole timeout (300 s)."""
-    from ftcoord.store import get_or_none
+    from ftcoord.store.client import get_or_none
 
     store = job_store(connect(store_server.address), job_id)
     store.set_timeout(timedelta(seconds=2))
@@ -173,7 +173,7 @@ def test_a_wait_ends_only_when_its_key_exists(store_server: StoreServer, job_id:
 
 def test_wait_get_reads_a_key_once_it_exists_and_tells_a_timeout_from_an_empty_wake(
         store_server: StoreServer, job_id: str) -> None:
-    """ftcoord.store.wait_get: the value; None when the wait timed out; b"" when a wake found the key absent (a
+    """ftcoord.store.client.wait_get: the value; None when the wait timed out; b"" when a wake found the key absent (a
     compare_set of an absent key wakes its waiters). The client's own timeout is what it was before."""
     waiter, writer = job_store(connect(store_server.address), job_id), job_store(connect(store_server.address), job_id)
     timeout_before = waiter.timeout

@@ -1,4 +1,4 @@
-"""Store clients that survive the store (ftcoord.store_link): reconnection, instances, bounded calls.
+"""Store clients that survive the store (ftcoord.store.link): reconnection, instances, bounded calls.
 
 Real store servers: an in-process one that is closed and started again on the same port (a restart: the
 new one is empty), and a separate `ftcoord-store` process that is SIGSTOPped (a hung server).
@@ -15,17 +15,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, keys, pausepoints, rebuild
+from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, pausepoints
 from ftcoord.config import Timing
-from ftcoord.decisions import EPOCH_SPAN, next_generation, read_record
 from ftcoord.errors import StoreLost, Superseded
 from ftcoord.generation import GenerationClient
 from ftcoord.host import group_sockets
 from ftcoord.host.process_state import stopped
-from ftcoord.record import GenerationRecord
-from ftcoord.slots import register
-from ftcoord.store import get_or_none, wait_get
-from ftcoord.store_link import INSTANCE_KEY, Instance, LinkedStore, StoreLink, StoreRestarted
+from ftcoord.protocol import keys, restore
+from ftcoord.protocol.generations import EPOCH_SPAN, next_generation, read_record
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import register
+from ftcoord.store.client import get_or_none, wait_get
+from ftcoord.store.link import INSTANCE_KEY, Instance, LinkedStore, StoreLink, StoreRestarted
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,7 +88,7 @@ def test_a_client_rides_through_a_restart_and_the_store_is_rebuilt_before_its_op
     rebuilt: list[str] = []
 
     def on_new_instance(view, base) -> None:
-        rebuild.record(view, held, None)
+        restore.record(view, held, None)
         rebuilt.append("record")
 
     first.on_new_instance(on_new_instance)
@@ -124,7 +125,7 @@ def test_a_process_cut_off_through_two_restarts_is_superseded(store: Restartable
     awake, paused = link(store, job_id), link(store, job_id)
     awake_client, paused_client = awake.connect(), paused.connect()
     held = record(5)
-    paused.on_new_instance(lambda view, base: rebuild.record(view, held, None))
+    paused.on_new_instance(lambda view, base: restore.record(view, held, None))
     for _ in range(2):
         store.restart()
         awake_client.check([INSTANCE_KEY])  # moves to the next instance
@@ -415,7 +416,7 @@ def test_the_watchdog_sleeps_until_a_call_may_be_overdue_and_cuts_it_on_time(
 
 def test_a_timed_get_counts_what_the_server_handles_and_rides_through_a_restart(
         store: Restartable, job_id: str) -> None:
-    """LinkedStore.get_within (ftcoord.store.wait_get's path): a get whose wait is bounded, counted as the server
+    """LinkedStore.get_within (ftcoord.store.client.wait_get's path): a get whose wait is bounded, counted as the server
     sees it (a wait and a read; a wait that timed out, and its cancellation, with no read); a get waiting when the
     store restarts waits again in the new instance and reads the key written there."""
     client, writer = link(store, job_id).connect(), link(store, job_id).connect()

@@ -1,7 +1,7 @@
 """The store's load stays flat in the job's size: requests per process per second, keys per generation.
 
 Real store server, real Participants (threads); the counts are the requests each process's clients sent
-(ftcoord.store_link counts them, a timed-out wait as two, a get as two: what the server handles).
+(ftcoord.store.link counts them, a timed-out wait as two, a get as two: what the server handles).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from collections import Counter
 
 import pytest
 
-from ftcoord import StoreServer, keys
+from ftcoord import StoreServer
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.decisions import TOMBSTONE_SPAN, forget
 from ftcoord.participant import Participant
-from ftcoord.record import GenerationRecord
-from ftcoord.store_link import StoreLink
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import TOMBSTONE_SPAN, forget
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.store.link import StoreLink
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 
@@ -205,7 +206,7 @@ def test_a_rejoin_that_waits_past_its_first_slice_reads_no_record_of_the_interru
         assert first.generation == second.generation == 2
         sent = {op: n for (role, op), n in (_requests(first) - before).items() if role == "trainer"}
         assert sent.get("check", 0) >= 1, f"the rejoin looked at nothing past its first slice: {sent}"
-        # Past the slice: three looks at the job's end (fatal, done, stopped: ftcoord.store.get_or_none, a compare_set
+        # Past the slice: three looks at the job's end (fatal, done, stopped: ftcoord.store.client.get_or_none, a compare_set
         # each) and the check; a read of the record before would be a fourth compare_set.
         assert sent.get("compare_set") == 3, f"the rejoin read more than the job's end past its slice: {sent}"
     finally:

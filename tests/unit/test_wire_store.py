@@ -24,9 +24,9 @@ import pytest
 import torch.distributed as dist
 
 from chaos.wire_store import WireStore
-from ftcoord.address import StoreAddress
-from ftcoord.server import StoreProcess
-from ftcoord.store_link import StoreLink, is_connection_failure, tcpstore_client
+from ftcoord.store.address import StoreAddress
+from ftcoord.store.link import StoreLink, is_connection_failure, tcpstore_client
+from ftcoord.store.server import StoreProcess
 from tests.helpers.slow_store import SlowProxy
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,7 +56,7 @@ def _operations(raw: Any, prefixed: Any, tag: str) -> list[Any]:
         answers.append(store.compare_set(f"{tag}/cs", "", "first"))
         answers.append(store.compare_set(f"{tag}/cs", "", "second"))
         answers.append(store.compare_set(f"{tag}/cs", "first", "third"))
-        answers.append(store.compare_set(f"{tag}/absent", "\0never", "\0never"))  # ftcoord.store.get_or_none
+        answers.append(store.compare_set(f"{tag}/absent", "\0never", "\0never"))  # ftcoord.store.client.get_or_none
         answers.append(store.check([f"{tag}/a", f"{tag}/text"]))
         answers.append(store.check([f"{tag}/a", f"{tag}/missing"]))
         answers.append(store.multi_get([f"{tag}/a", f"{tag}/text"]))
@@ -159,7 +159,7 @@ import chaos.scale_worker_events as events  # monkey patches, as a worker does
 import gevent
 import torch.distributed as dist
 from gevent.timeout import Timeout
-from ftcoord.address import StoreAddress
+from ftcoord.store.address import StoreAddress
 from tests.unit.test_wire_store import _operations
 
 thrown = []
@@ -188,7 +188,7 @@ def wait_long():
         cut.update(error=type(exc).__name__, s=round(time.monotonic() - t, 3))
 waiter = gevent.spawn(wait_long)
 gevent.sleep(0.3)
-socket.socket(fileno=os.dup(raw.fileno())).shutdown(socket.SHUT_RDWR)  # as ftcoord.store_link cuts a connection
+socket.socket(fileno=os.dup(raw.fileno())).shutdown(socket.SHUT_RDWR)  # as ftcoord.store.link cuts a connection
 waiter.join(10)
 out["cut"] = cut
 print(json.dumps(out))

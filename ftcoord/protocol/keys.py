@@ -12,16 +12,16 @@ DONE = "done"  # set when the job completed: every process exits 0
 STOP = "stop"  # "generation:slot:incarnation" of the first process asked to stop (SIGTERM)
 FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
-INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.jobs), for observers
-LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.jobs)
+INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.protocol.jobs), for observers
+LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.protocol.jobs)
 # "instance" holds "epoch:nonce", which life of the store server this is: the store layer reads and writes it
-# (ftcoord.store_link.INSTANCE_KEY), below the protocol.
-INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.slot_report)
+# (ftcoord.store.link.INSTANCE_KEY), below the protocol.
+INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.protocol.slot_report)
 JOB_RESTARTS = "job_restarts"  # counter: whole-job restarts asked (`--restart-policy job`: ftcoord.job_restarts)
 
 
 def probe(generation: int) -> str:
-    """PROBE_ASKED when a leader asks every live member of `generation` to beat now (ftcoord.evidence); else
+    """PROBE_ASKED when a leader asks every live member of `generation` to beat now (ftcoord.protocol.evidence); else
     PROBE_RELEASED once the next generation is decided, which releases the members' monitors from waiting for it."""
     return f"gen/{generation}/probe"
 
@@ -31,7 +31,7 @@ PROBE_RELEASED = "decided"  # not a question: a monitor that reads it does not h
 
 
 def status(slot: int) -> str:
-    """JSON: the slot's live process's generation, rank, step, steps/s, restarts (ftcoord.slot_report)."""
+    """JSON: the slot's live process's generation, rank, step, steps/s, restarts (ftcoord.protocol.slot_report)."""
     return f"slot/{slot}/status"
 
 
@@ -136,7 +136,7 @@ def addresses(generation: int) -> str:
 
 
 def evidence(generation: int) -> str:
-    """Append-only "leaving <slot>" / "closed <slot> <reporter>" lines (see ftcoord.evidence)."""
+    """Append-only "leaving <slot>" / "closed <slot> <reporter>" lines (see ftcoord.protocol.evidence)."""
     return f"gen/{generation}/evidence"
 
 

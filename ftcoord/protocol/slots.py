@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.decisions import newest_term
-from ftcoord.store import get_or_none, read_int
-from ftcoord.store_link import bounded_multi_get
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import newest_term
+from ftcoord.store.client import get_or_none, read_int
+from ftcoord.store.link import bounded_multi_get
 
 # Keys created (as "0") at registration, so multi_get never blocks on them.
 ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
@@ -171,7 +171,7 @@ def _parse_facts(slot: int, values: tuple[bytes, ...]) -> SlotFacts:
 def read_facts_and(store: dist.Store, slots: list[int], also: list[str], pinned: int | None = None,
                    cache: FactsCache | None = None) -> tuple[list[bytes], dict[int, SlotFacts]]:
     """The values of the keys `also` (each must exist) and every slot's facts, each slot's in one request (its
-    snapshot), as few requests as MULTI_GET_BYTES allows (ftcoord.store_link.bounded_multi_get); `pinned`: the store
+    snapshot), as few requests as MULTI_GET_BYTES allows (ftcoord.store.link.bounded_multi_get); `pinned`: the store
     instance the slots were read from (StoreRestarted rather than a wait for slots a restarted store lacks); `cache`:
     the reader's own, kept from read to read (a fresh one: every slot parsed)."""
     if not slots and not also:

@@ -20,7 +20,7 @@ from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import StoreUnavailable
 from ftcoord.host.interpreter import module_command
 from ftcoord.host.reap import wait_killed
-from ftcoord.listen import bind_listen_socket
+from ftcoord.store.listen import bind_listen_socket
 
 DEFAULT_HOST = DEFAULT_STORE_HOST
 DEFAULT_PORT = DEFAULT_STORE_PORT
@@ -30,7 +30,7 @@ class StoreServer:
     """A TCPStore server in this process, listening on a socket we bound ourselves."""
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sock: socket.socket | None = None) -> None:
-        """`sock`: a socket already listening on host:port (`ftcoord.listen`); bound here when not given."""
+        """`sock`: a socket already listening on host:port (`ftcoord.store.listen`); bound here when not given."""
         sock = sock or bind_listen_socket(host, port)
         self.host = host
         self.port: int = sock.getsockname()[1]
@@ -64,11 +64,11 @@ class StoreProcess:
     @classmethod
     def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0,
               own_session: bool = False) -> StoreProcess:
-        """Start `python -m ftcoord.server` and wait for its ready line. `own_session`: in a session of its own, so
+        """Start `python -m ftcoord.store.server` and wait for its ready line. `own_session`: in a session of its own, so
         the kernel's scheduler (autogroups) shares the CPU between it and the caller's session as between two
         hosts, not between its one thread and every thread of the caller's (chaos bench --scale)."""
         process = subprocess.Popen(
-            module_command("ftcoord.store_main", "--host", host, "--port", str(port), "--quiet"),
+            module_command("ftcoord.store.main", "--host", host, "--port", str(port), "--quiet"),
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=own_session,

@@ -13,7 +13,7 @@ import threading
 from ftcoord import arguments, log
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse
-from ftcoord.listen import bind_listen_socket
+from ftcoord.store.listen import bind_listen_socket
 
 _CONNECTIONS_WANTED = 65536  # ~5 per process (ftcoord.participant's clients, a launcher's) for 10k+ ranks
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"ftcoord-store: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 2
-    from ftcoord.server import StoreServer  # torch: only once the port is ours
+    from ftcoord.store.server import StoreServer  # torch: only once the port is ours
 
     log.configure(args.log_file, console=not args.quiet)
     logger = log.get_logger(component="store")

@@ -10,8 +10,8 @@ import json
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
 
 Node = tuple[str, int]
 """(host, launcher pid): one launcher per node."""

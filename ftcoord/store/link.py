@@ -9,7 +9,7 @@ A `StoreLink` is one process's access to the store of one job. Each thread takes
 from it (one client per thread: a thread blocked in `wait` holds its client). A LinkedStore offers the
 operations of `dist.Store` that ftcoord uses, under the job's key prefix (or none, for the store's job
 index), and:
-- **bounds every operation** (ftcoord.call_watch): one unanswered for `op_timeout` beyond its own wait, while the
+- **bounds every operation** (ftcoord.store.call_watch): one unanswered for `op_timeout` beyond its own wait, while the
   store has answered nothing of this process for op_timeout, has its socket shut down (as ftcoord.host.group_sockets
   releases a hung collective) and counts as a server gone away; a store that is slow but answers is waited for
   (up to 3 op_timeouts), not cut and reconnected to by every process at once;
@@ -22,9 +22,9 @@ index), and:
   FTCOORD_STORE_INSTANCE). Only a job's participants write epoch 0, for a job new to the store: a launcher or
   an observer that knows no instance cannot tell a new job's store from a restarted one, and writes nothing.
   Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a lost instance may have decided
-  is ever decided again (ftcoord.decisions.next_generation). A process
+  is ever decided again (ftcoord.protocol.generations.next_generation). A process
   that finds the next epoch rebuilds the store from what it holds (`on_new_instance` callbacks: its
-  registration, its generation's record, the leader's term; ftcoord.rebuild), under the link's lock,
+  registration, its generation's record, the leader's term; ftcoord.protocol.restore), under the link's lock,
   before any of its other operations runs; one that finds any other instance than its own or the next
   was cut off through more than one restart: it is superseded and exits (its launcher replaces it).
 An operation retried in a new instance is the same operation; a write that must not cross instances
@@ -49,13 +49,13 @@ from typing import Any, TypeVar
 import tenacity
 import torch.distributed as dist
 
-from ftcoord.address import StoreAddress, check_job_id
-from ftcoord.call_watch import UNANSWERED_OPS, CallWatch
 from ftcoord.env import STORE_INSTANCE_ENV, STORE_TIMEOUT_ENV
 from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
 from ftcoord.host import group_sockets
 from ftcoord.log import get_logger
-from ftcoord.store import KEY_PREFIX, get_or_none, timed_get
+from ftcoord.store.address import StoreAddress, check_job_id
+from ftcoord.store.call_watch import UNANSWERED_OPS, CallWatch
+from ftcoord.store.client import KEY_PREFIX, get_or_none, timed_get
 
 INSTANCE_KEY = "instance"
 """The job's key that holds "epoch:nonce": which life of the store server this is."""
@@ -151,7 +151,7 @@ class StoreLink:
         """`known`: the instance this process knows already (its launcher's); `may_start_job`: a process that
         knows none may write epoch 0 into a store without one (a job's participants; not a launcher or an
         observer); `on_wait(error)`: called once when the first connection attempt fails (see
-        ftcoord.store.connect)."""
+        ftcoord.store.client.connect)."""
         self.address = StoreAddress.parse(address) if isinstance(address, str) else address
         self.job_id = check_job_id(job_id)
         self.connect_timeout = connect_timeout
@@ -505,8 +505,8 @@ class LinkedStore:
         return self._call("get", lambda s: s.get(key))
 
     def get_within(self, key: str, timeout: float, *, pinned: int | None = None) -> bytes:
-        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then; ftcoord.store.timed_get).
-        b"" when a wake found the key absent (see ftcoord.store.wait_get). `pinned`: raise StoreRestarted, rather than
+        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then; ftcoord.store.client.timed_get).
+        b"" when a wake found the key absent (see ftcoord.store.client.wait_get). `pinned`: raise StoreRestarted, rather than
         wait on in a new instance, when the store restarts (a wait for what only the old instance would decide)."""
         try:
             return self._call("get", lambda s: timed_get(s, key, timeout), wait_s=timeout, pinned=pinned)

@@ -1,7 +1,7 @@
 """The store link's watchdog: a store call left unanswered is cut, unless the store is slow rather than hung.
 
 A TCPStore call to a server that stopped answering (SIGSTOP, a frozen host) blocks past every timeout of
-TCPStore's own, so every call of a StoreLink (ftcoord.store_link) is watched: one unanswered for `op_timeout`
+TCPStore's own, so every call of a StoreLink (ftcoord.store.link) is watched: one unanswered for `op_timeout`
 beyond its own wait has its sockets shut down, which fails it, and the link reconnects.
 
 Unanswered is not the same as hung. A store that is slow but answers (its queue longer than op_timeout: a burst of
@@ -30,7 +30,7 @@ SLOW_LIMIT = 3
 """A call the store is slow to answer, while it answers this process's others, is cut after this many op_timeouts
 beyond its own wait."""
 UNANSWERED_OPS = ("set", "append")
-"""TCPStore waits for no reply to these (ftcoord.store_link._REQUESTS): that they returned proves nothing."""
+"""TCPStore waits for no reply to these (ftcoord.store.link._REQUESTS): that they returned proves nothing."""
 
 
 class _Watched:

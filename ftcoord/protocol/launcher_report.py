@@ -13,7 +13,7 @@ import socket
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from ftcoord import keys
+from ftcoord.protocol import keys
 
 if TYPE_CHECKING:  # the launcher starts its warm standby before it imports torch (ftcoord.launch)
     import torch.distributed as dist

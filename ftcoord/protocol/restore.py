@@ -1,4 +1,4 @@
-"""Rebuilding a restarted, empty store from what the job's processes hold (ftcoord.store_link calls these
+"""Rebuilding a restarted, empty store from what the job's processes hold (ftcoord.store.link calls these
 on every process that moves to the store's next instance, before any other operation of that process).
 
 The store is a cache of coordination; the members hold the truth. What each key becomes:
@@ -18,19 +18,19 @@ The store is a cache of coordination; the members hold the truth. What each key 
   the next number of the new epoch), evidence, rendezvous keys (a group that formed needs the store no
   more), a slot's status and launcher report (published again), incidents already reported.
 - **never restored**: generation numbers of the lost instance beyond what some process holds; the new
-  epoch decides above them (ftcoord.decisions.next_generation).
+  epoch decides above them (ftcoord.protocol.generations.next_generation).
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.decisions import advance_current
 from ftcoord.errors import Superseded
-from ftcoord.record import GenerationRecord
-from ftcoord.slots import ZERO_KEYS, registered_slots
-from ftcoord.store import raise_to
+from ftcoord.protocol import keys
+from ftcoord.protocol.generations import advance_current
+from ftcoord.protocol.record import GenerationRecord
+from ftcoord.protocol.slots import ZERO_KEYS, registered_slots
+from ftcoord.store.client import raise_to
 
 
 def slot(store: dist.Store, slot_id: int, incarnation: int) -> None:

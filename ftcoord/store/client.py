@@ -14,8 +14,8 @@ from datetime import timedelta
 import tenacity
 import torch.distributed as dist
 
-from ftcoord.address import StoreAddress, check_job_id
 from ftcoord.errors import StoreUnavailable
+from ftcoord.store.address import StoreAddress, check_job_id
 
 KEY_PREFIX = "ftcoord"
 DEFAULT_OP_TIMEOUT = timedelta(seconds=300)

@@ -1,7 +1,7 @@
 """Where a job's store is and what its job id may be: parsed without importing torch.
 
 Entry points check these before anything heavy is imported (a bad address or job id is
-answered in a fraction of a second), and `ftcoord.store` builds on them.
+answered in a fraction of a second), and `ftcoord.store.client` builds on them.
 """
 
 from __future__ import annotations

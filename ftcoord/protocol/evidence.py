@@ -36,8 +36,8 @@ import time
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
 
 # gloo names the peer of a broken connection in its errors: "... [127.0.0.1]:36004 ...".
 _PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:(\d+)")

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ftcoord import keys
 from ftcoord.config import Timing
-from ftcoord.store import get_or_none
+from ftcoord.protocol import keys
+from ftcoord.store.client import get_or_none
 
 INDEX = "ftcoord-index/jobs"
 """Append-only "job,job,..." of every job that ever ran on this store."""

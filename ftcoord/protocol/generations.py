@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord import keys
-from ftcoord.record import GenerationRecord, JoinRequest
-from ftcoord.store import get_if_present, get_or_none
+from ftcoord.protocol import keys
+from ftcoord.protocol.record import GenerationRecord, JoinRequest
+from ftcoord.store.client import get_if_present, get_or_none
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def newest_term(store: dist.Store) -> int:
 
 
 EPOCH_SPAN = 1_000_000
-"""Generation numbers of store epoch e are above e * EPOCH_SPAN (ftcoord.store_link): a restarted store never
+"""Generation numbers of store epoch e are above e * EPOCH_SPAN (ftcoord.store.link): a restarted store never
 decides a number that its lost predecessor may have decided. A job that starts on a store that never
 restarted numbers its generations 1, 2, 3, ...; after one restart, 1000001, 1000002, ..."""
 
