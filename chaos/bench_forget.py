@@ -1,4 +1,4 @@
-"""`chaos bench --only forget`: what forgetting an old generation costs the leader's round (ftcoord.forgetting).
+"""`chaos bench --only forget`: what forgetting an old generation costs the leader's round (ftcoord.leader.forgetter).
 
 A generation of N members is planted in a real store as a job leaves it (its record, the keys of its change, gloo's
 rendezvous key per member), and the leader's schedule forgets it from a thread named as the leader duty's: once
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.bench_recovery import summary
-from ftcoord.forgetting import KEEP_GENERATIONS, ForgetSchedule, Forgetter
+from ftcoord.leader.forgetter import KEEP_GENERATIONS, ForgetSchedule, Forgetter
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys
 from ftcoord.protocol.record import GenerationRecord

@@ -75,8 +75,8 @@ from chaos.scale_report import markdown, plot, targets_missed
 from chaos.scale_swarm import Swarm, process_cpu_s
 from ftcoord.config import Timing
 from ftcoord.errors import ConfigError
-from ftcoord.forgetting import KEEP_GENERATIONS
-from ftcoord.heartbeat import mark_dead
+from ftcoord.leader.forgetter import KEEP_GENERATIONS
+from ftcoord.liveness.heartbeat import mark_dead
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import count_announcements, read_announcements
 from ftcoord.store.client import get_if_present
@@ -375,7 +375,7 @@ def _settled_key_count(store: Any, generation: int, n: int, within_s: float = 15
     """The store's key count once `generation` (just decided, n members) is settled: the generation KEEP_GENERATIONS
     before it forgotten (its last keys deleted, ftcoord.protocol.generations.forget), and the count unchanged since. The leader
     forgets it only once the new generation's members all arrived (or a heartbeat timeout later:
-    ftcoord.forgetting), a round or more after they joined; a count that merely stood still for a moment caught it
+    ftcoord.leader.forgetter), a round or more after they joined; a count that merely stood still for a moment caught it
     before that as often as not, and a store holding one generation's keys more looked like growth (CI, twice)."""
     deadline = time.monotonic() + within_s
     old = generation - KEEP_GENERATIONS

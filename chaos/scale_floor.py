@@ -14,7 +14,7 @@ each over several rounds:
   and its read (TCPStore's get: two requests), the trainer's announcement (an append: the driver counts its
   lines, as the leader does); its wait for the record and the read (five requests);
 - `ftcoord_requests`: the critical path, then the rest of what ftcoord asks of a participant per advance, from the
-  same thread: the monitor's release (a wait, and no read: ftcoord.monitor) and the rendezvous's count (an add of
+  same thread: the monitor's release (a wait, and no read: ftcoord.liveness.interrupt_watch) and the rendezvous's count (an add of
   `arrived`): seven requests;
 - `every_request`: those, and the process group's own rendezvous key (gloo's, as ftcoord's members write it:
   chaos.scale_worker.GLOO_KEY_BYTES): the eight requests an advance costs a participant, as `requests_per_advance`
@@ -74,7 +74,7 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
         else:
             store.get(record)
         if variant in ("ftcoord_requests", "every_request"):
-            store.wait([_key(variant, r, "probe")], _WAIT)  # the monitor, released: no read (ftcoord.monitor)
+            store.wait([_key(variant, r, "probe")], _WAIT)  # the monitor, released: no read (ftcoord.liveness.interrupt_watch)
             store.add(_key(variant, r, "arrived"), 1)  # the rendezvous counts the member in
         if variant == "every_request":  # the process group's own rendezvous: gloo's address key
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * GLOO_KEY_BYTES)

@@ -120,7 +120,7 @@ def thread_cpu(thread: threading.Thread) -> float:
 
 
 def leader_cpu(p: Participant) -> float:
-    """CPU seconds of a participant's leader duty: its thread's and its forgetter's (ftcoord.forgetting)."""
+    """CPU seconds of a participant's leader duty: its thread's and its forgetter's (ftcoord.leader.forgetter)."""
     forgetting = p.forgetter.thread
     return thread_cpu(p.leader.thread) + (thread_cpu(forgetting) if forgetting is not None else 0.0)
 

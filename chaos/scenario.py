@@ -37,7 +37,7 @@ BUNDLED = Path(__file__).parent / "scenarios"
 
 # Injected by the rank itself through the training hook (boundary-safe, exact step).
 # stuck: the training thread stops making progress while its heartbeat thread runs (caught by the
-# progress timeout and the culprit rule, ftcoord.leader).
+# progress timeout and the culprit rule, ftcoord.leader.duty).
 IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "raise-midstep", "slow", "stuck")
 # Sent by the runner from outside, as real faults arrive. pause: SIGSTOP a process (a member or a spare)
 # and SIGCONT it `duration` s later, as a cgroup freeze, swapping or a debugger would; pause-leader: the

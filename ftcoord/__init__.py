@@ -15,7 +15,7 @@ _WHERE = {
     "ConfigError": "ftcoord.errors", "FatalError": "ftcoord.errors", "FtcoordError": "ftcoord.errors",
     "JobFailed": "ftcoord.errors", "JobFinished": "ftcoord.errors", "PortInUse": "ftcoord.errors",
     "QuorumTimeout": "ftcoord.errors", "StoreUnavailable": "ftcoord.errors",
-    "mark_dead": "ftcoord.heartbeat",
+    "mark_dead": "ftcoord.liveness.heartbeat",
     "Participant": "ftcoord.participant",
     "GenerationRecord": "ftcoord.protocol.record",
     "StoreProcess": "ftcoord.store.server", "StoreServer": "ftcoord.store.server",
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         QuorumTimeout,
         StoreUnavailable,
     )
-    from ftcoord.heartbeat import mark_dead
+    from ftcoord.liveness.heartbeat import mark_dead
     from ftcoord.participant import Participant
     from ftcoord.protocol.record import GenerationRecord
     from ftcoord.store.address import StoreAddress

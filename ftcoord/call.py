@@ -18,11 +18,11 @@ from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
 from ftcoord.heal import HealReport, heal
 from ftcoord.host import group_sockets
+from ftcoord.liveness.group_release import GroupRelease
 from ftcoord.log import get_logger
 from ftcoord.participant import Participant
 from ftcoord.protocol import evidence, keys
 from ftcoord.protocol.record import GenerationRecord
-from ftcoord.release import GroupRelease
 from ftcoord.store.client import wait_for_key
 from ftcoord.store.link import LinkedStore
 
@@ -97,7 +97,7 @@ class CallWrapper:
         self._group: dist.ProcessGroup | None = None
         self._backend: str | None = None
         self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.host.group_sockets)
-        self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (ftcoord.release)
+        self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (ftcoord.liveness.group_release)
         self._atomic_depth = 0
         self.step: int = -1
         """The last step this process committed; set it so the next join can report it."""

@@ -78,7 +78,7 @@ class Timing:
     def default_progress_timeout(self) -> float:
         """A member whose training thread made no progress (no step, no ping) for this long while its
         heartbeat thread runs, and that is not waiting on its peers, is stuck: fenced and replaced (the
-        culprit rule, ftcoord.leader). 12 heartbeat timeouts: 60 s at the defaults. A step, a checkpoint
+        culprit rule, ftcoord.leader.duty). 12 heartbeat timeouts: 60 s at the defaults. A step, a checkpoint
         save or a first compile that takes longer needs a larger `progress_timeout` (math.inf: never). A job whose
         collectives time out (gloo's pg_timeout) takes `progress_timeout_below` of it."""
         return 12 * self.heartbeat_timeout
@@ -106,10 +106,10 @@ class Timing:
 
     @property
     def watch_interval(self) -> float:
-        """How often a deputy of the leader (ftcoord.leader) reads the leader's heartbeat (the leader reads
+        """How often a deputy of the leader (ftcoord.leader.duty) reads the leader's heartbeat (the leader reads
         everyone's every tick): a third of the heartbeat timeout, so a silent leader is replaced within ~1.33
         timeouts while a deputy stays within 2 store requests per heartbeat interval in all (the read is a
-        multi_get: two requests). More often while it joins a generation (ftcoord.deputies)."""
+        multi_get: two requests). More often while it joins a generation (ftcoord.leader.cadence)."""
         return max(self.tick, self.heartbeat_timeout / 3)
 
     @property

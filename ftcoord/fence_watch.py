@@ -1,7 +1,7 @@
 """The launcher's side of a fence: which of its children the leader declared dead (keys.fence).
 
 The leader writes `<term>:<incarnation>` to a slot's fence key when it declares that process dead (hung, silent,
-stuck: ftcoord.judgement); the process's launcher kills it at once, so its connections close and its peers stop
+stuck: ftcoord.leader.judge); the process's launcher kills it at once, so its connections close and its peers stop
 waiting on it. The keys are read every FENCE_POLL_S, not every tick: a fence follows a heartbeat timeout of silence
 at the soonest, and a thousand launchers polling every 20 ms would load the store more than all their ranks.
 

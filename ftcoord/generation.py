@@ -55,8 +55,8 @@ class GenerationClient:
                  on_waiting_after: Callable[[GenerationRecord], None] = lambda record: None,
                  on_announced: Callable[[int], None] = lambda generation: None, fence_ends_it: bool = False) -> None:
         """`on_waiting_after(record)`: this process waits for the generation after `record` (when it is not a member
-        of that one, it is a hot spare or a replacement: ftcoord.deputies). `on_announced(generation)`: this process
-        announced itself for `generation` (its interrupt monitor reads no probe after that: ftcoord.monitor).
+        of that one, it is a hot spare or a replacement: ftcoord.leader.cadence). `on_announced(generation)`: this process
+        announced itself for `generation` (its interrupt monitor reads no probe after that: ftcoord.liveness.interrupt_watch).
         `fence_ends_it`: a launcher kills this process when the leader fences it (raise_if_superseded)."""
         self._store = store
         self._fence_ends_it = fence_ends_it
@@ -94,7 +94,7 @@ class GenerationClient:
             generation, previous = next_generation(self._store, current), self.record(current)
         fast = after is not None
         while True:
-            if not fast:  # a member rejoining interrupts nobody (ftcoord.leader filters a ghost's announcement)
+            if not fast:  # a member rejoining interrupts nobody (ftcoord.leader.duty filters a ghost's announcement)
                 self._raise_if_failed()
                 self.raise_if_superseded()  # a ghost neither interrupts nor announces, however long it waited
             fast = False

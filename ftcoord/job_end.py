@@ -5,7 +5,7 @@ A member returns from the function and exits; a hot spare wakes on keys.ENDED an
 thread is stuck exits never: its heartbeat thread keeps it alive, nothing in it is waiting for the job's end, and
 its launcher (which waits for every child) would wait with it, an hour for `chaos`'s injected stall (random
 schedule, seed 404: a rank stuck outside every generation when the job finished). The leader fences such a process
-while the job runs (ftcoord.judgement: stuck members, stuck outsiders), but not one that got stuck less than the
+while the job runs (ftcoord.leader.judge: stuck members, stuck outsiders), but not one that got stuck less than the
 progress timeout before the end, nor any when the progress timeout is off. So the launcher looks at keys.DONE
 (and keys.STOPPED, below) every DONE_POLL_S and SIGKILLs a child still running grace_s after it first saw the job
 end; the job is complete, so the launcher still exits 0 (and says what it ended).

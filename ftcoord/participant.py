@@ -10,20 +10,20 @@ import torch.distributed as dist
 from ftcoord import env
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
-from ftcoord.forgetting import Forgetter
 from ftcoord.generation import GenerationClient
-from ftcoord.heartbeat import Heartbeat
-from ftcoord.leader import LeaderDuty
+from ftcoord.leader.duty import LeaderDuty
+from ftcoord.leader.forgetter import Forgetter
+from ftcoord.liveness.heartbeat import Heartbeat
+from ftcoord.liveness.helper_watch import HelperWatch, exit_process
+from ftcoord.liveness.interrupt_watch import InterruptWatch
+from ftcoord.liveness.still_stack import StillStack
 from ftcoord.log import get_logger
-from ftcoord.monitor import InterruptMonitor
 from ftcoord.protocol import jobs, keys, restore
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slot_report import SlotReport
 from ftcoord.protocol.slots import register, superseded_by
-from ftcoord.still_stack import StillStack
 from ftcoord.store.address import StoreAddress
 from ftcoord.store.link import LinkedStore, StoreLink, instance_from_env
-from ftcoord.watchdog import HelperWatch, exit_process
 
 
 class Participant:
@@ -31,7 +31,7 @@ class Participant:
 
     Threads (the first three with their own store client, since a blocked `wait` holds a client):
     the heartbeat, the leader duty (elect, watch liveness, decide records), the
-    interrupt monitor and the helper watch (ftcoord.watchdog: the process ends when one of the
+    interrupt monitor and the helper watch (ftcoord.liveness.helper_watch: the process ends when one of the
     others died or this incarnation was superseded; it reads nothing from the store). The caller's
     thread joins generations and reads `interrupted`.
 
@@ -40,7 +40,7 @@ class Participant:
     watch_interval; one wait per 2 heartbeat timeouts; progress and status at most every 10 intervals);
     only the leader reads every slot, every tick. A hot spare sends about 3 (its wait for the next record in
     slices of two heartbeat timeouts, woken by the job's end: ftcoord.generation; the leader watched by the
-    generation's deputies, not by it: ftcoord.deputies).
+    generation's deputies, not by it: ftcoord.leader.cadence).
 
     Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper adds one for
     its process groups); the one that lists the job in the store's index is closed once it did, so the store
@@ -63,7 +63,7 @@ class Participant:
     ) -> None:
         """`progress_timeout`: None takes Timing.default_progress_timeout; math.inf never calls a member stuck.
         `on_helper_failure(reason)`: what to do when a helper thread died or this incarnation was
-        superseded (ftcoord.watchdog); by default the process ends and its launcher replaces it. `launched`: a
+        superseded (ftcoord.liveness.helper_watch); by default the process ends and its launcher replaces it. `launched`: a
         launcher carries out this process's fences (None: it was started by ftcoord-launch; see
         GenerationClient.raise_if_superseded)."""
         if slot < 0:
@@ -111,7 +111,7 @@ class Participant:
                                    before_beat=lambda store: self.monitor.carry_local_stop(store),
                                    tell_watch=self.watch.nudge,
                                    still_stack=StillStack.for_progress_timeout(self.progress_timeout, self._log))
-        self.monitor = InterruptMonitor(self._clone(), self.slot, self.incarnation,
+        self.monitor = InterruptWatch(self._clone(), self.slot, self.incarnation,
                                         slice_s=2 * self.timing.heartbeat_timeout, on_beat=self.heartbeat.beat_now,
                                         tell_watch=self.watch.nudge)
         self.heartbeat.start()

@@ -4,7 +4,7 @@ Reading only: an observer writes nothing, and the job's processes publish what i
 heartbeat threads (ftcoord.protocol.slot_report, ftcoord.protocol.launcher_report), never from the training step.
 
 Heartbeat ages are this observer's own: how long it watched a slot's counter without seeing it change,
-on its monotonic clock (as a leader judges liveness, ftcoord.heartbeat). A one-shot read therefore
+on its monotonic clock (as a leader judges liveness, ftcoord.liveness.heartbeat). A one-shot read therefore
 watches for a moment first (two heartbeat intervals, at most 3 s); a slot whose counter never moved
 in that window shows its age as "at least" the window.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ftcoord.heartbeat import LivenessObserver
+from ftcoord.liveness.heartbeat import LivenessObserver
 from ftcoord.protocol import jobs, keys
 from ftcoord.protocol.generations import LeaderClaim, is_end, last_generation, parse_record, read_record
 from ftcoord.protocol.slot_report import Incident
@@ -27,7 +27,7 @@ from ftcoord.protocol.slots import registered_slots
 from ftcoord.store.client import get_if_present, get_or_none
 from ftcoord.store.link import bounded_multi_get
 
-RECENT_GENERATIONS = 4  # the leader forgets older ones (ftcoord.leader)
+RECENT_GENERATIONS = 4  # the leader forgets older ones (ftcoord.leader.duty)
 SHOWN_INCIDENTS = 10
 
 
@@ -56,7 +56,7 @@ class SlotView:
     pid: int | None = None
     standby: str | None = None
     still_at: str | None = None
-    """Where the slot's training thread stands still, not waiting on its peers (ftcoord.still_stack)."""
+    """Where the slot's training thread stands still, not waiting on its peers (ftcoord.liveness.still_stack)."""
 
 
 @dataclass

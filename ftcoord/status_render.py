@@ -54,7 +54,7 @@ def _slots(view: JobView) -> Table:
 
 
 def _still(view: JobView) -> list[Text]:
-    """Training threads standing still, not waiting on their peers, and where (ftcoord.still_stack): the slots the
+    """Training threads standing still, not waiting on their peers, and where (ftcoord.liveness.still_stack): the slots the
     leader fences as hung at progress_timeout."""
     still = [s for s in view.slots if s.still_at]
     if not still:

@@ -27,12 +27,12 @@ from ftcoord import env
 from ftcoord.children_env import children_env, job_env, standby_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
 from ftcoord.fence_watch import FenceWatch
-from ftcoord.heartbeat import mark_dead
 from ftcoord.host import scratch, stack_dump
 from ftcoord.host.reap import wait_killed
 from ftcoord.job_end import JobEndWatch
 from ftcoord.job_restarts import JobRestarts
 from ftcoord.launch_config import LaunchConfig
+from ftcoord.liveness.heartbeat import mark_dead
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys, launcher_report, restore
 from ftcoord.slot_process import SlotProcess

@@ -1,6 +1,6 @@
 """A fenced process's stacks, written by faulthandler before its launcher's SIGKILL.
 
-ftcoord.still_stack logs where a still training thread stands, from the heartbeat thread. A process fenced for its
+ftcoord.liveness.still_stack logs where a still training thread stands, from the heartbeat thread. A process fenced for its
 silence logs nothing: its heartbeat stopped because its Python code does not run (the interpreter frozen, a native
 call that holds the GIL, a helper thread stuck in a store call), and the SIGKILL that follows leaves nothing to ask.
 faulthandler's signal handler still runs: it writes every thread's Python stack from C, without the GIL. So a rank
@@ -9,7 +9,7 @@ registers it for DUMP_SIGNAL (`install`, from Wrapper.run; `uninstall` at its en
 (`before_kill`) sends it DUMP_SIGNAL first, when the process catches it and is not stopped (a SIGSTOPped process runs
 no handler: nothing to wait for), waits until a thread of it took the signal and the file stopped growing (at most
 DUMP_WAIT_S), then kills it. The launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S
-for that, ftcoord.judgement), so the dump delays only the kill.
+for that, ftcoord.leader.judge), so the dump delays only the kill.
 
 A Python stack ends at the innermost Python frame: a thread stuck in native code under it (a matmul, a lock, a page
 fault) looks the same as one computing there. So the launcher also writes below the stacks how the kernel saw each

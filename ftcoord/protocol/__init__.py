@@ -5,5 +5,5 @@ never changes (`record`, `generations`). Slots register, count heartbeats and pr
 or marked dead (`slots`, `spares`); peers publish evidence of a death (`evidence`); ranks and launchers
 publish what an operator sees (`slot_report`, `launcher_report`, `jobs`, `nodes`). After a store
 restart, `restore` writes back what the job's processes still hold. Reads and writes only: the threads
-that run them live in ftcoord.liveness, the decisions in ftcoord.leader.
+that run them live in ftcoord.liveness, the decisions in ftcoord.leader.duty.
 """

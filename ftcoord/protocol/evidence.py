@@ -18,7 +18,7 @@ and the job grows back.
 A node that stops answering without its connections closing (power or network lost: a partition) leaves no such
 evidence: its silence is, after heartbeat_timeout, and the members blocked in a collective with it are released then,
 by the interrupt that declares it dead, or by the leader's declaration to the generation when another reason had
-ended it first (ftcoord.release), not by gloo's pg_timeout.
+ended it first (ftcoord.liveness.group_release), not by gloo's pg_timeout.
 
 Members publish the local addresses of their group's connections when the group forms, so a
 report names the member it saw close (for the log and the operator); a member that leaves a
@@ -128,7 +128,7 @@ def closed_named(store: dist.Store, generation: int) -> set[int]:
 class Probe:
     """A leader's question to every live member of a generation: beat now. Asked once per generation with a
     closed connection, by ending the generation (its interrupt) and setting its probe key: each member's
-    interrupt monitor waits on one, then on the other, and has its heartbeat thread beat at once (ftcoord.monitor),
+    interrupt monitor waits on one, then on the other, and has its heartbeat thread beat at once (ftcoord.liveness.interrupt_watch),
     so a member that stays silent for `Timing.probe_grace` after the question is gone (module docstring)."""
 
     def __init__(self, store: dist.Store) -> None:

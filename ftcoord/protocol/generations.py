@@ -1,6 +1,6 @@
 """What the leaders decided, as the store holds it: the leader claim, generation records, `gen/current`.
 
-The writes that matter for safety and their rules (see ftcoord.leader's module docstring): a record
+The writes that matter for safety and their rules (see ftcoord.leader.duty's module docstring): a record
 is written once, with compare_set from absent, and becomes the keys.FORGOTTEN tombstone instead of
 absent when its generation is forgotten; `gen/current` only moves forward; a claim's term only grows.
 """
@@ -171,13 +171,13 @@ def await_announcements(store: dist.Store, generation: int, expecting: int, unti
 TOMBSTONE_SPAN = 64
 """A forgotten generation's tombstone is deleted this many generations later. A leader paused at its record write
 for longer than that (64 generation changes) could write the record of a long-gone generation: it sees `gen/current`
-past it right after and makes it a tombstone again (ftcoord.leader), and a joiner waiting for it finds
+past it right after and makes it a tombstone again (ftcoord.leader.duty), and a joiner waiting for it finds
 `gen/current` past it and catches up (ftcoord.generation)."""
 
 
 def forget(store: dist.Store, generation: int) -> None:
     """Delete an old generation's keys, so a long job does not grow the store forever; its record becomes a
-    tombstone, so it can never be written again (see ftcoord.leader's module docstring).
+    tombstone, so it can never be written again (see ftcoord.leader.duty's module docstring).
 
     A fixed number of keys per generation, plus the process group's rendezvous keys (one per member: gloo's
     layout, keys.gloo_rendezvous); no key per joiner. Deleting a key that is not there costs one round trip."""

@@ -57,7 +57,7 @@ def heartbeat(slot: int) -> str:
 def progress(slot: int) -> str:
     """`<pings>[/<step>][@<still_s>,<generation>][:w]`: the count of `ping()`s from the training thread, the step it
     last committed in its generation, how long it has stood still on its own in which generation, and whether it waits
-    on its peers (ftcoord.heartbeat)."""
+    on its peers (ftcoord.liveness.heartbeat)."""
     return f"slot/{slot}/progress"
 
 
@@ -85,7 +85,7 @@ def fence(slot: int) -> str:
 
 def record(generation: int) -> str:
     """The immutable record of a generation, written once with compare_set from absent; when the
-    generation is forgotten its value becomes FORGOTTEN, never absent again (see ftcoord.leader)."""
+    generation is forgotten its value becomes FORGOTTEN, never absent again (see ftcoord.leader.duty)."""
     return f"gen/{generation}/record"
 
 
@@ -110,7 +110,7 @@ def joiners(generation: int) -> str:
 HEARTBEAT_STALE, HUNG, GONE = "heartbeat_stale", "hung", "gone"
 DEATH_REASONS = (HEARTBEAT_STALE, HUNG, GONE)
 """Why the leader interrupts a generation for one of its members (`<reason>:slot=<member>`): it is dead or fenced
-(its peers read them: ftcoord.release)."""
+(its peers read them: ftcoord.liveness.group_release)."""
 
 
 def interrupt(generation: int) -> str:
@@ -121,7 +121,7 @@ def interrupt(generation: int) -> str:
 def released(generation: int) -> str:
     """Set once ("<reason>:slot=<member>", first wins) when the leader declares a member of this generation dead after
     another reason had ended it: a member still blocked in one of its collectives shuts its group down
-    (ftcoord.release); none is written when the death itself ended the generation (its interrupt says so)."""
+    (ftcoord.liveness.group_release); none is written when the death itself ended the generation (its interrupt says so)."""
     return f"gen/{generation}/released"
 
 

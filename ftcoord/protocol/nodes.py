@@ -1,6 +1,6 @@
 """Which node a slot's process runs on, as its launcher reports it (keys.launcher: its host and pid).
 
-The leader asks only when a node may be lost (ftcoord.judgement.Judge.outsiders_in_doubt): rarely, and about a few
+The leader asks only when a node may be lost (ftcoord.leader.judge.Judge.outsiders_in_doubt): rarely, and about a few
 slots. A process that no launcher started has no report: its node is unknown, and it is nobody's neighbour.
 """
 

@@ -101,10 +101,10 @@ class GenerationRecord:
     """The step each member announced, parallel to members."""
     stop: bool = False
     """A stop (keys.STOP) was asked when this generation was decided: its members stop at its first boundary,
-    together (ftcoord.monitor)."""
+    together (ftcoord.liveness.interrupt_watch)."""
     left_out: tuple[tuple[int, int], ...] = ()
     """(slot, incarnation) of the live processes left out at a last call, or on the evidence of a closed connection,
-    and not awaited again until they announce themselves (ftcoord.readiness.still_left_out): in the record, so a new
+    and not awaited again until they announce themselves (ftcoord.leader.readiness.still_left_out): in the record, so a new
     leader does not wait for them once more."""
 
     @property

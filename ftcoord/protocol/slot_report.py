@@ -2,7 +2,7 @@
 
 The training thread only writes local fields (`committed`, `joined`, `left`, `checkpoint_stall`): no store
 operation is added to the step path. The heartbeat thread publishes them at its next beat
-(`ftcoord.heartbeat`): the slot's status as one JSON value under `slot/<s>/status`, and each incident as
+(`ftcoord.liveness.heartbeat`): the slot's status as one JSON value under `slot/<s>/status`, and each incident as
 one JSON line appended to the job's `incidents` list, also logged as one `generation_changed` event.
 
 An incident is measured by one process only, on its own monotonic clock (no cross-host time): the new
@@ -95,7 +95,7 @@ class SlotReport:
         self.in_process_restarts = 0
         self.checkpoint_stalls = StallCounts()
         self.still_at: str | None = None
-        """Where the training thread stands still, once ftcoord.still_stack logged it (heartbeat thread only)."""
+        """Where the training thread stands still, once ftcoord.liveness.still_stack logged it (heartbeat thread only)."""
         self._commits: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW)
         """(time, step) of this generation's recent commits."""
         self._last_commit: tuple[float, int] | None = None
@@ -161,7 +161,7 @@ class SlotReport:
 
     def step_in_generation(self) -> int:
         """The last step committed in this generation (-1: none yet): what the leader compares still members by
-        (ftcoord.judgement); a step from before the generation's heal says nothing about where it is now."""
+        (ftcoord.leader.judge); a step from before the generation's heal says nothing about where it is now."""
         with self._lock:
             return self._commits[-1][1] if self._commits else -1
 

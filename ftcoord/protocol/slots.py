@@ -95,7 +95,7 @@ class SlotFacts:
     still_s: float = 0.0
     """How long its training thread had stood still on its own (not in ftcoord's join, not waiting on its peers) when
     its progress was last published, by its own heartbeat's account, in generation `still_generation` (a lower bound;
-    0: moving, waiting, or not told: ftcoord.heartbeat)."""
+    0: moving, waiting, or not told: ftcoord.liveness.heartbeat)."""
     still_generation: int = -1
 
     def is_gone(self, incarnation: int | None = None) -> bool:

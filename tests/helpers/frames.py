@@ -1,4 +1,4 @@
-"""Watching the heartbeat thread look at the training thread's frames (ftcoord.still_stack), for unit tests."""
+"""Watching the heartbeat thread look at the training thread's frames (ftcoord.liveness.still_stack), for unit tests."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 def count_frame_looks(monkeypatch: pytest.MonkeyPatch, waiting_modules: tuple[str, ...]) -> list[float]:
     """Make `waiting_modules` the modules a thread waits on its peers in, and return the list that gets the time of
     each snapshot the heartbeat takes of a thread's frames."""
-    import ftcoord.heartbeat as heartbeat_module
-    import ftcoord.still_stack as still_stack_module
+    import ftcoord.liveness.heartbeat as heartbeat_module
+    import ftcoord.liveness.still_stack as still_stack_module
 
     monkeypatch.setattr(still_stack_module, "WAITING_MODULES", waiting_modules)
     looked_at: list[float] = []

@@ -139,7 +139,7 @@ def test_a_stuck_rank_is_fenced_as_the_culprit_before_its_peers_collective_times
     assert [(e["reason"], e["slot"]) for e in declared] == [("hung", stuck["slot"])], declared
     assert 6.0 <= stuck["detect_s"] < 9.0 and stuck["full_recover_s"] < 9.0, stuck
     assert report["world_sizes"] == [2], report["world_sizes"]
-    # Before the fence, the culprit logged where it stood (ftcoord.still_stack: half the progress timeout); its
+    # Before the fence, the culprit logged where it stood (ftcoord.liveness.still_stack: half the progress timeout); its
     # peer, blocked in the step's all-reduce, logged nothing. The report shows it.
     (still,) = report["still_threads"]
     assert still["slot"] == stuck["slot"] and still["at"].endswith(" in _fire") and "chaos/inject.py" in still["at"]
@@ -165,12 +165,12 @@ def test_a_paused_launcher_delays_only_what_it_must_do_itself(tmp_path: Path) ->
     assert report["world_sizes"] == [1, 2, 3], report["world_sizes"]
 
 
-@pytest.mark.slow  # 30 s; the fence rules of ftcoord.readiness are unit-tested by default
+@pytest.mark.slow  # 30 s; the fence rules of ftcoord.leader.readiness are unit-tested by default
 def test_a_leader_that_takes_over_does_not_wait_for_a_member_its_predecessor_fenced(tmp_path: Path) -> None:
     """A member paused past its heartbeat timeout is fenced and decided without, and its launcher, paused too, does
     not kill it; then the leader is killed. The next leader never watched that member's silence: it read it alive
     by its heartbeat and waited for it (2.68 s here, its heartbeat timeout from the takeover). The deciding leader
-    now writes the processes it fenced into the record's left_out (ftcoord.readiness.still_left_out), as it does
+    now writes the processes it fenced into the record's left_out (ftcoord.leader.readiness.still_left_out), as it does
     those it left out at a last call or on evidence. Sabotage: without them, the kill-leader's recovery waits."""
     spec = tmp_path / "fenced-then-leader.toml"
     spec.write_text('name = "fenced-then-leader"\ndescription = "a member fenced, its launcher paused, then the leader '
@@ -248,7 +248,7 @@ def test_lose_node(tmp_path: Path) -> None:
 def test_partition(tmp_path: Path) -> None:
     """A node stops answering (stopped: no connection closes). The survivors stood in a collective with its ranks
     until pg_timeout (60 s: recovery 60.1 s), deaf to the interrupt the leader wrote for them after the heartbeat
-    timeout (2 s here); now that interrupt releases them (ftcoord.release). When the node runs again, its ranks
+    timeout (2 s here); now that interrupt releases them (ftcoord.liveness.group_release). When the node runs again, its ranks
     write the line of the step they had finished (the verifier's order of generations reads a step's first line)
     and their launcher replaces them: the job grows back."""
     report = run("partition", tmp_path)

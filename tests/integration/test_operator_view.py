@@ -189,7 +189,7 @@ def free_port() -> int:
 def test_status_shows_where_a_stuck_training_thread_stands_before_it_is_fenced(store_server: StoreServer, job_id: str,
                                                                                 tmp_path: Path) -> None:
     """Slot 1's training thread sticks at step 20 (its heartbeat runs on; progress_timeout 8 s). Half the timeout
-    later `ftcoord status` shows where it stands (ftcoord.still_stack), before the leader fences it and its launcher's
+    later `ftcoord status` shows where it stands (ftcoord.liveness.still_stack), before the leader fences it and its launcher's
     SIGKILL leaves nothing to ask; slot 0, waiting on it in the all-reduce, is not shown. Its log has the stack."""
     store = store_server.address
     proc = launch(tmp_path, store, job_id, "--steps", "400", "--stall-at", "1:20", "--progress-timeout", "8", nproc=2)

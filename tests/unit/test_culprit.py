@@ -1,4 +1,4 @@
-"""Whom the leader fences as stuck (ftcoord.judgement): among silent members the culprit, never a peer that waits
+"""Whom the leader fences as stuck (ftcoord.leader.judge): among silent members the culprit, never a peer that waits
 for it in a collective (Judge.hung_members); outside the running generation a process whose training thread
 stopped where no interrupt reaches it (Judge.fence_stuck_outsiders). The judgement is fed reads as the leader
 makes them (facts and the time they were read) against a real store; the step each member publishes is checked
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from ftcoord import StoreServer, Timing, connect, job_store
-from ftcoord.heartbeat import Heartbeat
-from ftcoord.judgement import Judge
+from ftcoord.leader.judge import Judge
+from ftcoord.liveness.heartbeat import Heartbeat
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys
 from ftcoord.protocol.record import GenerationRecord, JoinRequest
@@ -173,7 +173,7 @@ def test_a_member_stuck_in_a_generation_that_ended_for_another_cause_is_fenced_a
     interrupt judgement looks at an ended generation (random schedule seed 33008: a generation of one, from a
     checkpoint 14 steps back, trained to the job's end while three live ranks stood still). Slot 0 is fenced as the
     culprit once still for the progress timeout, measured from while the generation ran, and declared to generation
-    4's members (keys.released: a peer blocked with it cuts its collective, ftcoord.release); slot 3, as still but
+    4's members (keys.released: a peer blocked with it cuts its collective, ftcoord.liveness.group_release); slot 3, as still but
     announced for generation 5, is not (it rejoined: waiting for the record), nor are the waiters."""
     store = job_store(connect(store_server.address), job_id)
     judgement = judge(store_server, job_id)

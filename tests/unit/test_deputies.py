@@ -1,4 +1,4 @@
-"""Who looks at the leader, and how often (ftcoord.deputies): the deputies every tick while they join, the others of
+"""Who looks at the leader, and how often (ftcoord.leader.cadence): the deputies every tick while they join, the others of
 a large job sharing the watch, and a follower that asked the members to beat looking for the answers on time.
 
 The cadence alone needs no store; the look after a question runs real Participants (threads) on a real store.
@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from ftcoord import StoreServer, deputies
+from ftcoord import StoreServer
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.deputies import DEPUTY_FACTOR, Cadence
+from ftcoord.leader import cadence
+from ftcoord.leader.cadence import DEPUTY_FACTOR, Cadence
 from ftcoord.participant import Participant
 from ftcoord.protocol.evidence import report_closed
 from ftcoord.protocol.record import GenerationRecord
@@ -54,8 +55,8 @@ def test_a_large_jobs_followers_share_the_watch_while_they_join() -> None:
     assert _hurried(_cadence(1, 4096)) == tick  # the leader's deputies: ranks 1 and 2
     assert _hurried(_cadence(2, 4096)) == tick
     assert _hurried(_cadence(5, 8)) == tick  # five others: a small job looks as before
-    assert _hurried(_cadence(5, 3 + deputies.LOOKERS_PER_TICK)) == tick
-    assert _hurried(_cadence(5, 4 + deputies.LOOKERS_PER_TICK)) == 2 * tick
+    assert _hurried(_cadence(5, 3 + cadence.LOOKERS_PER_TICK)) == tick
+    assert _hurried(_cadence(5, 4 + cadence.LOOKERS_PER_TICK)) == 2 * tick
     assert _hurried(_cadence(100, 4096)) == most
     assert _hurried(_cadence(5000, 4096)) == most  # a hot spare outside the generation shares it too
     # Between joins nothing changes: the deputies every watch_interval, the others DEPUTY_FACTOR times less often.
@@ -71,7 +72,7 @@ def test_a_follower_that_asked_the_members_to_beat_looks_for_the_answers_when_th
     joins (three ticks), and must still look when the grace ends, or a leader lost with its deputies (a node) is
     replaced 0.5 s later. Six participants stand for a large job here (LOOKERS_PER_TICK = 1: the three others look
     every three ticks). Sabotage: Judge.next_look ignoring the question fails (its next look came 0.75 s after)."""
-    monkeypatch.setattr(deputies, "LOOKERS_PER_TICK", 1)
+    monkeypatch.setattr(cadence, "LOOKERS_PER_TICK", 1)
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(6), TIMING).start() for slot in range(6)]
     try:
         join_together(*parts, timeout=30)

@@ -1,4 +1,4 @@
-"""Leader election (ftcoord.election) against a real store: one holder per term, whatever the interleaving."""
+"""Leader election (ftcoord.leader.election) against a real store: one holder per term, whatever the interleaving."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import Timing
-from ftcoord.election import Election
-from ftcoord.judgement import Judge
+from ftcoord.leader.election import Election
+from ftcoord.leader.judge import Judge
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import LeaderClaim

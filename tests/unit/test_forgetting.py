@@ -1,4 +1,4 @@
-"""The leader's round does not wait for an old generation's deletes (ftcoord.forgetting.Forgetter).
+"""The leader's round does not wait for an old generation's deletes (ftcoord.leader.forgetter.Forgetter).
 
 Real store server, the leader's schedule run from a thread named as the leader duty's, so the store link counts its
 requests apart from the forgetter's. Through tests/helpers/slow_store.py's proxy where a slow network is the point.
@@ -14,7 +14,7 @@ import pytest
 
 from chaos.bench_forget import bench_forget, plant
 from ftcoord import StoreServer
-from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule, Forgetter
+from ftcoord.leader.forgetter import BACKLOG, KEEP_GENERATIONS, ForgetSchedule, Forgetter
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys
 from ftcoord.store.client import get_or_none

@@ -1,5 +1,5 @@
-"""The leader during a rejoin (ftcoord.leader._follow_rejoin) and when it forgets old generations
-(ftcoord.forgetting): participants in threads against a real store, paused at the leader's pause points."""
+"""The leader during a rejoin (ftcoord.leader.duty._follow_rejoin) and when it forgets old generations
+(ftcoord.leader.forgetter): participants in threads against a real store, paused at the leader's pause points."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, pausepoints, slot_reads
-from ftcoord.forgetting import BACKLOG, KEEP_GENERATIONS, ForgetSchedule
+from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, pausepoints
+from ftcoord.leader import slot_scan
+from ftcoord.leader.forgetter import BACKLOG, KEEP_GENERATIONS, ForgetSchedule
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import count_announcements, read_record
 from ftcoord.protocol.record import GenerationRecord
@@ -260,10 +261,10 @@ def test_the_leader_hears_an_interrupt_that_comes_during_its_read_of_every_slot(
 ) -> None:
     """At 1,024 participants the leader's read of every slot took 30-250 ms, and an interrupt that came during it
     waited for its end. The read is now in requests of READ_SLOTS_PER_REQUEST slots, the interrupt looked at between
-    them (ftcoord.slot_reads; here one slot a request, of three). Each request of the leader's costs a token per slot it
+    them (ftcoord.leader.slot_scan; here one slot a request, of three). Each request of the leader's costs a token per slot it
     reads; once the generation is interrupted the leader gets one token: enough to finish the request it is in, not
     to read every slot."""
-    monkeypatch.setattr(slot_reads, "READ_SLOTS_PER_REQUEST", 1)
+    monkeypatch.setattr(slot_scan, "READ_SLOTS_PER_REQUEST", 1)
     # A paused leader's reads are too old to act on after heartbeat_timeout / 2: this test's read stands still longer.
     patient = Timing(heartbeat_interval=0.1, heartbeat_timeout=4.0, join_timeout=0.3, barrier_timeout=10.0)
     leader, others = form_three(started, store_server.address, job_id, patient)
@@ -282,7 +283,7 @@ def test_the_leader_hears_an_interrupt_that_comes_during_its_first_read_after_a_
     (no wait had found the new generation running yet): at 4,096 participants it went on for 2.4-4.7 s through the
     rejoin, every other advance (issue 17). Now the generation it decided is the one whose interrupt cuts the read. As
     above: one slot a request, and once the new generation is interrupted the leader gets one token, not three."""
-    monkeypatch.setattr(slot_reads, "READ_SLOTS_PER_REQUEST", 1)
+    monkeypatch.setattr(slot_scan, "READ_SLOTS_PER_REQUEST", 1)
     patient = Timing(heartbeat_interval=0.1, heartbeat_timeout=4.0, join_timeout=0.3, barrier_timeout=10.0)
     leader, others = form_three(started, store_server.address, job_id, patient)
     wait_until(lambda: leader.leader._quiet == 1, 5, "the leader to see generation 1 running")

@@ -9,8 +9,8 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.heartbeat import Heartbeat, LivenessObserver
-from ftcoord.monitor import InterruptMonitor
+from ftcoord.liveness.heartbeat import Heartbeat, LivenessObserver
+from ftcoord.liveness.interrupt_watch import InterruptWatch
 from ftcoord.participant import Participant
 from ftcoord.protocol import keys
 from ftcoord.protocol.evidence import Probe
@@ -120,10 +120,10 @@ def test_silence_since_a_question_counts_only_for_an_observer_that_watched_befor
     assert not observer.silent_since("hb/0", asked, asked)
 
 
-def _member(store_server: StoreServer, job_id: str, slot: int) -> tuple[Heartbeat, InterruptMonitor]:
+def _member(store_server: StoreServer, job_id: str, slot: int) -> tuple[Heartbeat, InterruptWatch]:
     """A member's heartbeat (30 s interval) and interrupt monitor (30 s slices), wired as a Participant wires them."""
     heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=slot, interval=30.0)
-    monitor = InterruptMonitor(job_store(connect(store_server.address), job_id), slot, 1, slice_s=30.0,
+    monitor = InterruptWatch(job_store(connect(store_server.address), job_id), slot, 1, slice_s=30.0,
                                on_beat=heartbeat.beat_now)
     heartbeat.start()
     monitor.start()
@@ -234,13 +234,13 @@ def test_a_probe_asked_while_the_monitor_thread_starts_is_answered(store_server:
     at once (the probe key stays; a heartbeat thread that counted probes missed one once, and stayed silent for
     its whole 30 s interval)."""
     asked = threading.Event()
-    run = InterruptMonitor._run
+    run = InterruptWatch._run
 
-    def late_run(self: InterruptMonitor) -> None:
+    def late_run(self: InterruptWatch) -> None:
         asked.wait(10.0)
         run(self)
 
-    monkeypatch.setattr(InterruptMonitor, "_run", late_run)
+    monkeypatch.setattr(InterruptWatch, "_run", late_run)
     store = job_store(connect(store_server.address), job_id)
     heartbeat, monitor = _member(store_server, job_id, slot=5)
     try:
@@ -325,7 +325,7 @@ def test_a_member_that_rejoined_reads_nothing_when_woken_by_the_probe(store_serv
     store = job_store(connect(store_server.address), job_id)
     heartbeat = Heartbeat(job_store(connect(store_server.address), job_id), slot=6, interval=30.0)
     spied = _ReadsSeen(job_store(connect(store_server.address), job_id))
-    monitor = InterruptMonitor(spied, 6, 1, slice_s=30.0, on_beat=heartbeat.beat_now)  # type: ignore[arg-type]
+    monitor = InterruptWatch(spied, 6, 1, slice_s=30.0, on_beat=heartbeat.beat_now)  # type: ignore[arg-type]
     heartbeat.start()
     monitor.start()
     try:
@@ -359,7 +359,7 @@ def test_an_operator_reading_the_job_does_not_wake_its_members(store_server: Sto
                                                            leader_term=1, target_world_size=1).to_json())
     link = StoreLink(store_server.address, job_id)
     watch = link.client()
-    monitor = InterruptMonitor(watch, 0, 1, slice_s=30.0)
+    monitor = InterruptWatch(watch, 0, 1, slice_s=30.0)
     try:
         monitor.start()
         monitor.watch(7)
@@ -402,7 +402,7 @@ def test_reading_another_threads_frame_keeps_the_collector_out(monkeypatch: pyte
     import gc
     import sys
 
-    from ftcoord.heartbeat import frame_of
+    from ftcoord.liveness.heartbeat import frame_of
 
     real, seen = sys._current_frames, []
 

@@ -11,8 +11,8 @@ import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store, pausepoints
 from ftcoord.errors import Superseded
-from ftcoord.forgetting import KEEP_GENERATIONS
-from ftcoord.leader import LeaderDuty
+from ftcoord.leader.duty import LeaderDuty
+from ftcoord.leader.forgetter import KEEP_GENERATIONS
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import advance_current, read_record
 from ftcoord.protocol.slots import SlotFacts, fenced
@@ -80,7 +80,7 @@ def test_a_leader_paused_before_its_record_write_never_recreates_a_forgotten_gen
         other.interrupt("test")
         other.join(0)
     wait_until(lambda: get_or_none(other.store, keys.record(2)) == keys.FORGOTTEN.encode(), 5 * FAST.heartbeat_timeout,
-               "generation 2 to be forgotten")  # once the newest runs quietly (ftcoord.forgetting)
+               "generation 2 to be forgotten")  # once the newest runs quietly (ftcoord.leader.forgetter)
     newest = current(other)
 
     gate.release()  # the paused leader wakes with its proposal for generation 2

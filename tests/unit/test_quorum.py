@@ -7,8 +7,8 @@ import json
 import random
 
 from ftcoord.config import QuorumPolicy
+from ftcoord.leader.quorum import choose_members
 from ftcoord.protocol.record import GenerationRecord, JoinRequest, compact_ints, expand_ints, shallow_fields
-from ftcoord.quorum import choose_members
 
 
 def joins(*slots_steps: tuple[int, int]) -> list[JoinRequest]:

@@ -9,14 +9,14 @@ from dataclasses import replace
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import FENCE_ANSWER_S, QuorumPolicy, Timing
-from ftcoord.heartbeat import LivenessObserver
-from ftcoord.judgement import Judge
+from ftcoord.leader.judge import Judge
+from ftcoord.leader.proposal import Proposer
+from ftcoord.leader.readiness import OpenClock, Readiness, left_out_by, readiness, still_left_out
+from ftcoord.liveness.heartbeat import LivenessObserver
 from ftcoord.log import get_logger
-from ftcoord.proposal import Proposer
 from ftcoord.protocol import keys
 from ftcoord.protocol.record import GenerationRecord, JoinRequest
 from ftcoord.protocol.slots import SlotFacts
-from ftcoord.readiness import OpenClock, Readiness, left_out_by, readiness, still_left_out
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """A member blocked in a collective with a peer that stopped answering is released once the leader declares that peer
-dead (ftcoord.release), by the interrupt or after another reason's, and only then: real sockets, a thread blocked in
+dead (ftcoord.liveness.group_release), by the interrupt or after another reason's, and only then: real sockets, a thread blocked in
 a receive on one of them, a real store."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 
 from ftcoord import StoreServer, Timing, connect, job_store
 from ftcoord.host import group_sockets
-from ftcoord.judgement import Judge
+from ftcoord.leader.judge import Judge
+from ftcoord.liveness.group_release import GroupRelease, dead_member
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slots import SlotFacts
-from ftcoord.release import GroupRelease, dead_member
 from ftcoord.store.client import get_or_none
 from ftcoord.store.link import LinkedStore, StoreLink
 from tests.helpers.wait import wait_until
@@ -195,7 +195,7 @@ def test_a_group_torn_down_in_time_costs_no_request_and_one_torn_down_later_ends
         assert not returned.is_set() and slow.released == 0
 
 
-# -- the leader's side: where a death declared after another reason is written (ftcoord.judgement) -----------------
+# -- the leader's side: where a death declared after another reason is written (ftcoord.leader.judge) -----------------
 
 TIMING = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.3, barrier_timeout=10.0)
 

@@ -1,5 +1,5 @@
 """The leader's read of every slot in requests of a few slots, and its end at the running generation's interrupt
-(ftcoord.slot_reads), against a real store."""
+(ftcoord.leader.slot_scan), against a real store."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from ftcoord import StoreServer, connect, job_store, slot_reads
+from ftcoord import StoreServer, connect, job_store
+from ftcoord.leader import slot_scan
+from ftcoord.leader.slot_scan import SlotScan
 from ftcoord.protocol import keys
 from ftcoord.protocol.slots import FACT_KEYS, FactsCache, read_facts_and, read_facts_unless, register
-from ftcoord.slot_reads import SlotReads
 from ftcoord.store import link as store_link
 from ftcoord.store.link import StoreLink, bounded_multi_get
 
@@ -57,8 +58,8 @@ def test_a_read_in_requests_of_two_slots_reads_what_one_request_reads(store: Cou
 def test_a_read_stops_at_the_running_generations_interrupt_and_stands_on_the_last_whole_read(
     monkeypatch: pytest.MonkeyPatch, store: Counted
 ) -> None:
-    monkeypatch.setattr(slot_reads, "READ_SLOTS_PER_REQUEST", 2)
-    reads = SlotReads(store)
+    monkeypatch.setattr(slot_scan, "READ_SLOTS_PER_REQUEST", 2)
+    reads = SlotScan(store)
     read_at, facts, claim, fresh = reads.read(instance=0, running=None)  # learns the slots: read whole
     assert fresh and sorted(facts) == SLOTS and claim == b"1:0:1"
     assert reads.read(instance=0, running=7)[3], "a generation running and not interrupted: read whole"
@@ -116,7 +117,7 @@ def test_a_read_of_thousands_of_keys_is_cut_into_requests_the_store_serves_cheap
 
 
 def test_a_slot_read_as_it_was_is_not_parsed_again_and_each_of_its_keys_changed_is_seen(store: Counted) -> None:
-    reads = SlotReads(store)
+    reads = SlotScan(store)
     _, first, _, _ = reads.read(instance=0, running=None)
     _, again, _, _ = reads.read(instance=0, running=None)
     assert all(again[slot] is first[slot] for slot in SLOTS), "values as they were: the facts parsed before"

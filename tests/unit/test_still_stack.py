@@ -1,5 +1,5 @@
 """A training thread that stands still is logged once, with where it stands, before the leader can fence it
-(ftcoord.still_stack): a heartbeat of a real store client, the training thread a real thread."""
+(ftcoord.liveness.still_stack): a heartbeat of a real store client, the training thread a real thread."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreServer, Timing, connect, job_store
 from ftcoord.errors import JobFinished
-from ftcoord.heartbeat import Heartbeat
+from ftcoord.liveness.heartbeat import Heartbeat
+from ftcoord.liveness.still_stack import StillStack
 from ftcoord.protocol import keys
 from ftcoord.protocol.slot_report import SlotReport
-from ftcoord.still_stack import StillStack
 from ftcoord.store.client import get_or_none
 from tests.helpers.frames import count_frame_looks
 from tests.helpers.joining import join_together

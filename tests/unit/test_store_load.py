@@ -129,7 +129,7 @@ def test_a_hot_spare_waiting_for_its_turn_stays_within_the_budget_too(store_serv
     budget: it looked at the job's end (fatal, done, stopped) and at the running generation after every 2 s slice of
     its wait, and at the leader as often as the leader's deputies. The job's end now wakes it where it waits
     (keys.ENDED in the record it waits for), so its slices grow to two heartbeat timeouts and the rest is looked at
-    once per slice; and the generation's own deputies watch its leader (ftcoord.deputies)."""
+    once per slice; and the generation's own deputies watch its leader (ftcoord.leader.cadence)."""
     timing = Timing(heartbeat_interval=0.25, heartbeat_timeout=2.5)  # the defaults halved: budget and rates double
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(3), timing).start() for slot in range(6)]
     try:

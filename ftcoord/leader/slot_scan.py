@@ -1,6 +1,6 @@
 """The leader's read of every slot, once a round: its claim, the registered slots and every slot's counters.
 
-Only the leader reads every slot (ftcoord.leader; a follower reads the leader's claim and counters: ftcoord.election).
+Only the leader reads every slot (ftcoord.leader.duty; a follower reads the leader's claim and counters: ftcoord.leader.election).
 At 1,024 participants that is ~6,000 keys: 30-45 ms on this 2-core machine when the job is quiet, 70-250 ms while its
 members rejoin. A running generation's leader spends the rest of its round in a store wait on the generation's
 interrupt, woken at once; during the read it heard nothing, so an interrupt that came then (~15 % of them at the
@@ -39,7 +39,7 @@ READ_SLOTS_PER_REQUEST = 256
 """Slots in one request of the read (1,536 keys: ~5 ms on this machine with the job quiet)."""
 
 
-class SlotReads:
+class SlotScan:
     """One leader's reads of every slot, and the last whole one."""
 
     def __init__(self, store: dist.Store) -> None:
@@ -47,7 +47,7 @@ class SlotReads:
         self.slots: list[int] = []
         """The registered slots, as last read."""
         self.read_s = 0.0
-        """How long the last whole read took (what judging afresh costs: ftcoord.leader._follow_rejoin)."""
+        """How long the last whole read took (what judging afresh costs: ftcoord.leader.duty._follow_rejoin)."""
         self._whole: tuple[int, float, dict[int, SlotFacts]] | None = None  # its store instance, when, the facts
         self._cache = FactsCache()  # every slot's keys, and facts not parsed again while their values stay
 

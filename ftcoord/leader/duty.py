@@ -1,10 +1,10 @@
 """The leader's duties: watch liveness, interrupt, decide records.
 
 Every process runs a LeaderDuty thread; at most one holds the `leader` key at a time (who, and who takes over:
-ftcoord.election). Holding it is only an optimisation of who proposes: safety comes from the record being
+ftcoord.leader.election). Holding it is only an optimisation of who proposes: safety comes from the record being
 written once with compare_set, so a deposed leader that wakes up cannot fork a generation.
 
-When to decide generation g+1 (at the speed of evidence, not of timeouts) is ftcoord.readiness.
+When to decide generation g+1 (at the speed of evidence, not of timeouts) is ftcoord.leader.readiness.
 A leader whose own death has such evidence is replaced at once for the same reasons.
 
 Safety under pauses (a leader may stop at any instruction for any time and wake up; reproduced by
@@ -16,22 +16,22 @@ the tests with ftcoord.pausepoints):
   write and makes it a tombstone again (nobody waits for g: a joiner that does finds current past it).
 - `gen/current` only moves forward (compare_set up to the larger value).
 - Leadership is the `leader` key, "term:slot:incarnation", taken with compare_set; a term only grows
-  (ftcoord.election). A leader confirms its claim before each round of writes, and its fences carry its term:
+  (ftcoord.leader.election). A leader confirms its claim before each round of writes, and its fences carry its term:
   a launcher kills on a fence only while no newer term holds the key, so a deposed leader that wakes kills nobody.
-- Liveness is judged on observations only (ftcoord.heartbeat.LivenessObserver): a leader paused
+- Liveness is judged on observations only (ftcoord.liveness.heartbeat.LivenessObserver): a leader paused
   between its reads and its judgement sees no silence that it did not observe.
 A record written by a leader deposed between its last check and its write is still the one decision
 for that generation, made from what it observed while it led; the members follow it, and a stale
 judgement in it is corrected by the next generation.
 
 At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (once a tick, with its
-claim and the slot list, in requests of a few hundred slots: ftcoord.slot_reads); a follower reads the leader's
-claim and counters (and its own incarnation, for ftcoord.watchdog) on the schedule of ftcoord.deputies
-(ftcoord.election). The judgement itself is ftcoord.judgement. A running generation's leader sleeps in a store
+claim and the slot list, in requests of a few hundred slots: ftcoord.leader.slot_scan); a follower reads the leader's
+claim and counters (and its own incarnation, for ftcoord.liveness.helper_watch) on the schedule of ftcoord.leader.cadence
+(ftcoord.leader.election). The judgement itself is ftcoord.leader.judge. A running generation's leader sleeps in a store
 wait on its interrupt (woken at once; while it reads every slot, it looks at the interrupt between the read's
 requests); an open one's polls the announcements (no key per joiner) and decides as soon as everyone it waits for
 has announced itself; old generations are forgotten once the members of the newest have met at its rendezvous,
-by a thread of the leader's process, so its round does not wait out their deletes (ftcoord.forgetting).
+by a thread of the leader's process, so its round does not wait out their deletes (ftcoord.leader.forgetter).
 Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
 
 Across a store restart (ftcoord.store.link, ftcoord.protocol.restore): a round's record is written only into the
@@ -52,13 +52,16 @@ import torch.distributed as dist
 
 from ftcoord import pausepoints
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.deputies import Cadence
-from ftcoord.election import Election
-from ftcoord.forgetting import ForgetSchedule, Forgetter
-from ftcoord.judgement import Judge
+from ftcoord.leader.cadence import Cadence
+from ftcoord.leader.election import Election
+from ftcoord.leader.forgetter import ForgetSchedule, Forgetter
+from ftcoord.leader.judge import Judge
+from ftcoord.leader.proposal import Proposer
+from ftcoord.leader.readiness import OpenClock, left_out_by, still_left_out
+from ftcoord.leader.record_write import Written, write_record
+from ftcoord.leader.slot_scan import SlotScan
+from ftcoord.liveness.interrupt_watch import stop_asked
 from ftcoord.log import get_logger
-from ftcoord.monitor import stop_asked
-from ftcoord.proposal import Proposer
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import (
     LeaderClaim,
@@ -72,9 +75,6 @@ from ftcoord.protocol.generations import (
 )
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slots import SlotFacts
-from ftcoord.readiness import OpenClock, left_out_by, still_left_out
-from ftcoord.record_write import Written, write_record
-from ftcoord.slot_reads import SlotReads
 from ftcoord.store.client import woken
 from ftcoord.store.link import StoreRestarted, instance_number
 
@@ -97,8 +97,8 @@ class LeaderDuty:
         forgetter: Forgetter | None = None,
     ) -> None:
         """`tell_watch()`: called once this thread failed, and when it reads a newer incarnation of its own slot
-        (ftcoord.watchdog ends the process). `forgetter`: deletes old generations' keys while this one leads, so
-        that its rounds do not wait for them (ftcoord.forgetting; None: this thread deletes them)."""
+        (ftcoord.liveness.helper_watch ends the process). `forgetter`: deletes old generations' keys while this one leads, so
+        that its rounds do not wait for them (ftcoord.leader.forgetter; None: this thread deletes them)."""
         self._store = store
         self._tell_watch = tell_watch
         self._slot = slot
@@ -118,10 +118,10 @@ class LeaderDuty:
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
         self._slept = 0.0
-        self._reads = SlotReads(store)
+        self._reads = SlotScan(store)
         self._cadence = Cadence(slot, incarnation, timing)
         self.newest_incarnation = incarnation
-        """The newest incarnation of this process's slot that this thread has read (ftcoord.watchdog)."""
+        """The newest incarnation of this process's slot that this thread has read (ftcoord.liveness.helper_watch)."""
         self._log = get_logger(component="leader", slot=slot, incarnation=incarnation)
         self._judge = Judge(store, timing, progress_timeout, self._log)
         self._election = Election(store, slot, incarnation, self._judge, self._log, self._saw_incarnation,
@@ -141,12 +141,12 @@ class LeaderDuty:
         self._thread.start()
 
     def note_record(self, record: GenerationRecord) -> None:
-        """The generation this process joined: whether it is one of the leader's deputies (ftcoord.deputies)."""
+        """The generation this process joined: whether it is one of the leader's deputies (ftcoord.leader.cadence)."""
         self._cadence.note_record(record)
 
     @contextmanager
     def hurried(self) -> Iterator[None]:
-        """While this process waits in a join or a finish: look at the leader every tick (ftcoord.deputies)."""
+        """While this process waits in a join or a finish: look at the leader every tick (ftcoord.leader.cadence)."""
         if self._cadence.hurry(True):
             self._poke.set()
         try:
@@ -233,7 +233,7 @@ class LeaderDuty:
         self._reads.forget()
 
     def _observe(self) -> tuple[float, dict[int, SlotFacts], LeaderClaim]:
-        """The leader's round: its claim and every slot's counters (ftcoord.slot_reads: a read that the running
+        """The leader's round: its claim and every slot's counters (ftcoord.leader.slot_scan: a read that the running
         generation's interrupt cut short stands on the last whole one, and observes nothing)."""
         running = self._quiet if self._quiet != self._interrupted else None
         read_at, facts, claim, fresh = self._reads.read(self._round_instance, running)
@@ -363,7 +363,7 @@ class LeaderDuty:
                        read_at: float | None = None) -> bytes | None:
         """Poll the announcements until `expecting` have announced themselves (everyone the last round waited for:
         the announcements read, on which it decides at once), a probe's grace ends, a fenced process's launcher is due
-        to have answered (ftcoord.judgement), or a tick passes (a new round looks at who is alive and at the last
+        to have answered (ftcoord.leader.judge), or a tick passes (a new round looks at who is alive and at the last
         call): None; see ftcoord.protocol.generations.await_announcements. A rejoin's poll (`stall_s`: while the announcements
         keep coming) goes on past a tick, until this round's reads (from `read_at`) are too old to act on: at 4,096
         participants one poll during the rush waited 0.3-0.4 s in the store's queue, and a poll cut after a tick sent
@@ -385,7 +385,7 @@ class LeaderDuty:
     def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
                       previous: GenerationRecord | None, current: int, fresh: bool = True,
                       polled: bytes | None = None) -> bool:
-        """Decide `generation` when it is time (ftcoord.proposal): True when decided, or deposed meanwhile. `polled`:
+        """Decide `generation` when it is time (ftcoord.leader.proposal): True when decided, or deposed meanwhile. `polled`:
         its announcements, just read by a poll (else they are read now)."""
         joins, announced = (parse_announcements(polled) if polled is not None
                             else read_announcements(self._store, generation))
@@ -407,11 +407,11 @@ class LeaderDuty:
         return self._write(record, current, partial=not proposal.ready.everyone)
 
     def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:
-        """Write the decision (ftcoord.record_write); True: this round is over, whatever became of it."""
+        """Write the decision (ftcoord.leader.record_write); True: this round is over, whatever became of it."""
         written = write_record(self._store, self._election, self._round_instance, record, current, self._log, partial)
         if written is Written.DECIDED:
             # Running as far as this leader knows: the next round's read of every slot (while its members get the
-            # record) stops at its interrupt, as after a wait (ftcoord.slot_reads; at 4,096 it went on 2.4-4.7 s).
+            # record) stops at its interrupt, as after a wait (ftcoord.leader.slot_scan; at 4,096 it went on 2.4-4.7 s).
             if record.failed is None:
                 self._quiet = record.generation
             self._forgetting.decided(record.generation)

@@ -1,6 +1,6 @@
 """The leader's judgement of who is dead: silence, evidence, a stuck training thread; and the fences that follow.
 
-Made on observations only (ftcoord.heartbeat.LivenessObserver): a counter is silent for the time between
+Made on observations only (ftcoord.liveness.heartbeat.LivenessObserver): a counter is silent for the time between
 the read that first showed its value and the latest read, so an observer paused between its reads and its
 judgement calls nobody dead. Evidence (a launcher's dead mark, a connection closed under a collective and no
 answer to the leader's question: ftcoord.protocol.evidence) needs no waiting; silence for heartbeat_timeout is the
@@ -25,7 +25,7 @@ import time
 import torch.distributed as dist
 
 from ftcoord.config import FENCE_ANSWER_S, Timing
-from ftcoord.heartbeat import LivenessObserver
+from ftcoord.liveness.heartbeat import LivenessObserver
 from ftcoord.protocol import evidence, keys
 from ftcoord.protocol.generations import read_announcements, read_record
 from ftcoord.protocol.keys import GONE, HEARTBEAT_STALE, HUNG
@@ -35,7 +35,7 @@ from ftcoord.protocol.slots import SlotFacts
 
 RELEASE_LOOKBACK = 4
 """How many generations back a silent process fenced outside the running generation is looked for among the members
-(ftcoord.release): the generations decided without it since the one it was blocked in (a partial quorum, a grow)."""
+(ftcoord.liveness.group_release): the generations decided without it since the one it was blocked in (a partial quorum, a grow)."""
 
 
 
@@ -62,7 +62,7 @@ class Judge:
         return min(seconds, max(0.005, due - time.monotonic()))
 
     def next_look(self, seconds: float) -> float:
-        """A follower's sleep until its next look at the leader: `seconds` (ftcoord.deputies), or less when the
+        """A follower's sleep until its next look at the leader: `seconds` (ftcoord.leader.cadence), or less when the
         leader's heartbeat would reach the timeout sooner (`sooner`), or when a question this follower asked (a probe,
         judging the leader on evidence) has its answers due: a follower that looks every few ticks (a large job's,
         while it joins) judges the leader then, as one that looked every tick did."""
@@ -113,7 +113,7 @@ class Judge:
         older than its silence (a hot spare announces itself ahead of the generation it may be seated in). It is
         awaited until it beats after the question (seated), or is gone once a read a heartbeat interval after the
         question (probe_grace, if longer) shows no beat: a spare that announced itself does not answer the question
-        (its interrupt monitor reads no question once announced, ftcoord.monitor), its next beat does. A leader that
+        (its interrupt monitor reads no question once announced, ftcoord.liveness.interrupt_watch), its next beat does. A leader that
         took over from a hot spare that led, paused (SIGSTOP) and judged gone by its silence
         (leader_gone_with_a_node), seated that same spare in place of a killed member: the generation could not form
         until the spare's heartbeat timeout, 3.5 s at the defaults (random schedule 33053). Left: a leader that took
@@ -179,7 +179,7 @@ class Judge:
 
     def _release_peers(self, generation: int, declared: str) -> None:
         """Tell the members of `generation`, which another reason ended, that one of them is declared dead
-        (`<reason>:slot=<member>`): one still blocked in a collective with it shuts its group down (ftcoord.release),
+        (`<reason>:slot=<member>`): one still blocked in a collective with it shuts its group down (ftcoord.liveness.group_release),
         rather than wait for pg_timeout. First declaration wins: one dead member dooms every collective."""
         if self._store.compare_set(keys.released(generation), "", declared).decode() == declared:
             self._log.warning("generation_released", generation=generation, declared=declared)
@@ -213,7 +213,7 @@ class Judge:
         it ends itself first while this leader leads (ftcoord.protocol.slots.fenced, from raise_if_superseded), and a deposed
         leader's fence names nobody (its launcher does not carry it out either); with no launcher to carry out its
         fence it is meant to take part again. Its next leader does not wait for it either: the record carries it as
-        left out (the leader passes these to ftcoord.readiness.still_left_out)."""
+        left out (the leader passes these to ftcoord.leader.readiness.still_left_out)."""
         return {slot for slot, incarnation in self.fenced
                 if slot in facts and facts[slot].incarnation == incarnation and not facts[slot].is_gone(incarnation)}
 
@@ -233,7 +233,7 @@ class Judge:
         A member of a recent generation (`current` and the few before it) is declared dead to that generation's
         members too (keys.released): one of them may be blocked in a collective with it, with no launcher left to
         close its connections (its node stopped answering as another reason ended the generation), and would wait
-        for pg_timeout (ftcoord.release)."""
+        for pg_timeout (ftcoord.liveness.group_release)."""
         members = set(running.members) if running is not None else set()
         for slot, fact in facts.items():
             if slot not in members and not fact.is_gone() and self.observer.is_stale(f"hb/{slot}"):
@@ -268,7 +268,7 @@ class Judge:
             if slot in members or fact.is_gone() or fact.progress == 0 or fact.waiting:
                 self.observer.forget(name)  # measured from when it is next seen outside, not from an older visit
                 continue
-            # Its own account of its stillness, counted in a generation before this one (ftcoord.heartbeat).
+            # Its own account of its stillness, counted in a generation before this one (ftcoord.liveness.heartbeat).
             vouched = fact.still_s if fact.still_generation < record.generation else 0.0
             self.observer.observe(name, (fact.incarnation, fact.progress), at=read_at, vouched=vouched)
             if self.observer.is_stale(name, self._progress_timeout) and (slot, fact.incarnation) not in self.fenced:
@@ -292,7 +292,7 @@ class Judge:
         ranks: a stuck rank's two peers stood still while a replacement from outside, whose arrival had ended the
         generation, formed a generation of one from a checkpoint 14 steps back and trained it to the job's end).
         Fenced as the culprit, and declared to the ended generation's members (keys.released), so a peer blocked with
-        it cuts its collective at once (ftcoord.release) rather than when its launcher's kill closes its connections."""
+        it cuts its collective at once (ftcoord.liveness.group_release) rather than when its launcher's kill closes its connections."""
         if self._progress_timeout is None or math.isinf(self._progress_timeout) or ended.failed is not None:
             return
         members = [(m, i, facts[m]) for m, i in zip(ended.members, ended.incarnations, strict=True)

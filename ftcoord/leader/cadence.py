@@ -14,7 +14,7 @@ leader fell silent still looks within a tick / LOOKERS_PER_TICK on average, and 
 once its turn came: up to ~16,000 reads a second while they joined, two requests each; `chaos bench --scale` at
 4,096 counted 3.1 requests per participant per advance from them where advances took 2.6-6.9 s, 0.1-0.3 at 1,024.)
 The cap is the span the evidence needs anyway between one follower's two looks (a leader silent for evidence_silence
-is gone, ftcoord.judgement); a follower that asked the members to beat (a probe) looks again when its grace ends
+is gone, ftcoord.leader.judge); a follower that asked the members to beat (a probe) looks again when its grace ends
 (Judge.next_look), as every tick did.
 """
 

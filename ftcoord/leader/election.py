@@ -2,13 +2,13 @@
 
 Leadership is the `leader` key, "term:slot:incarnation" (decisions.LeaderClaim), taken with compare_set; a term
 only grows. Holding it is only an optimisation of who proposes: safety comes from the record being written once
-with compare_set (ftcoord.leader), so a deposed leader that wakes up cannot fork a generation. A leader confirms its
+with compare_set (ftcoord.leader.duty), so a deposed leader that wakes up cannot fork a generation. A leader confirms its
 claim before each round of writes (`Election.confirm`), and its fences carry its term: a launcher kills on a fence
 only while no newer term holds the key, so a deposed leader that wakes kills nobody.
 
 A follower observes only the holder: the leader's claim and its counters (and the follower's own incarnation, for
-ftcoord.watchdog), in one request, on the schedule of ftcoord.deputies. It takes the key from a holder that released
-it, or is gone by evidence or by silence (ftcoord.judgement). One that takes over has watched the one it replaces,
+ftcoord.liveness.helper_watch), in one request, on the schedule of ftcoord.leader.cadence. It takes the key from a holder that released
+it, or is gone by evidence or by silence (ftcoord.leader.judge). One that takes over has watched the one it replaces,
 and watches everyone else afresh: silence alone is the last resort, evidence needs no history.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import structlog
 import torch.distributed as dist
 
-from ftcoord.judgement import Judge
+from ftcoord.leader.judge import Judge
 from ftcoord.protocol import keys, restore
 from ftcoord.protocol.generations import LeaderClaim
 from ftcoord.protocol.record import GenerationRecord

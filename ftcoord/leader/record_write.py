@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ftcoord import pausepoints
-from ftcoord.election import Election
+from ftcoord.leader.election import Election
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import advance_current
 from ftcoord.protocol.record import GenerationRecord
@@ -35,7 +35,7 @@ class Written(Enum):
 def write_record(store: dist.Store, election: Election, instance: int, record: GenerationRecord, current: int,
                  log: Any, partial: bool = False) -> Written:
     """Write `record` as its generation's decision (see the module docstring); `current`: the generation it follows,
-    whose members stop waiting for a question about it once the next one is decided (ftcoord.monitor)."""
+    whose members stop waiting for a question about it once the next one is decided (ftcoord.liveness.interrupt_watch)."""
     text = record.to_json()
     if not election.confirm():
         return Written.NOT_OURS  # deposed while deciding: the new leader decides

@@ -1,9 +1,9 @@
 """What the leader writes for an open generation: the record it proposes from the announcements it read.
 
-When to decide is ftcoord.readiness; who is in is ftcoord.quorum; this puts them together into the record (or, once
+When to decide is ftcoord.leader.readiness; who is in is ftcoord.leader.quorum; this puts them together into the record (or, once
 barrier_timeout passed with too few live joiners, a failed record). Pure: it reads nothing from the store.
 
-The facts may be older than the announcements (ftcoord.leader decides a rejoin on the round it read before the
+The facts may be older than the announcements (ftcoord.leader.duty decides a rejoin on the round it read before the
 interrupt: at scale, a read of every slot during the members' rejoin was on the critical path). Then an
 announcement from an incarnation the facts do not know (a process that registered since) proposes nothing: left
 out as not live, it would be one more generation change at once; the leader reads afresh instead.
@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.judgement import Judge
+from ftcoord.leader.judge import Judge
+from ftcoord.leader.quorum import choose_members
+from ftcoord.leader.readiness import OpenClock, Readiness, readiness
 from ftcoord.protocol.record import GenerationRecord, JoinRequest
 from ftcoord.protocol.slots import SlotFacts
-from ftcoord.quorum import choose_members
-from ftcoord.readiness import OpenClock, Readiness, readiness
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def stop_asked(store: dist.Store) -> bool:
     The leader reads it once per decision, and the generation it decides carries it (GenerationRecord.stop), so its
     members stop together at its first boundary, though the stop's own interrupt may have lost to another reason
     (each member read the stop at the start of every generation: issue 17); a stop asked after this read is carried
-    into the next generation by the process that asked (InterruptMonitor)."""
+    into the next generation by the process that asked (InterruptWatch)."""
     stop = get_or_none(store, keys.STOP)
     return stop is not None and not ran_its_course(store, stop)
 
@@ -50,7 +50,7 @@ def ran_its_course(store: dist.Store, stop: bytes) -> bool:
     return stopped is not None and int(stopped or 0) > asked_in
 
 
-class InterruptMonitor:
+class InterruptWatch:
     """Watches one generation at a time, on its own store client.
 
     While the watched generation runs, the thread sits in one store wait on its interrupt key (slices of
@@ -60,7 +60,7 @@ class InterruptMonitor:
     keys.PROBE_RELEASED once the next one is decided, which ends that wait without a beat: at 1,024
     participants, a beat and a status write each in the burst of record reads). A wake after this process announced
     itself for a later generation (`announced`) is not even read: the announcement answers any question (the leader
-    asks no member that rejoined: ftcoord.judgement), and a release asks nothing; at 1,024 participants, a
+    asks no member that rejoined: ftcoord.leader.judge), and a release asks nothing; at 1,024 participants, a
     thousand reads fewer in the burst of record reads. A leader asks by setting the interrupt, then the probe: a
     member still in the generation, or already out of it, answers after the question, never before.
     A local stop request is carried to the store by the heartbeat thread (`carry_local_stop`); one made
@@ -71,7 +71,7 @@ class InterruptMonitor:
     def __init__(self, store: dist.Store, slot: int, incarnation: int, slice_s: float = 10.0,
                  on_beat: Callable[[], None] | None = None, tell_watch: Callable[[], None] = lambda: None) -> None:
         """`on_beat()`: have the heartbeat beat now (a leader's question); `tell_watch()`: called once this
-        thread failed (ftcoord.watchdog)."""
+        thread failed (ftcoord.liveness.helper_watch)."""
         self._store = store
         self._slot = slot
         self._incarnation = incarnation
@@ -178,7 +178,7 @@ class InterruptMonitor:
             return
         if self._local_stop.is_set() and self._stop_carried_in != generation:
             # This process asked for a stop, and this generation's record does not carry it (asked after its leader
-            # looked: ftcoord.leader): it ends the generation, and the next one carries the stop.
+            # looked: ftcoord.leader.duty): it ends the generation, and the next one carries the stop.
             self._stop_carried_in = generation
             self._store.compare_set(keys.interrupt(generation), "", f"stop:slot={self._slot}")
         value = wait_get(self._store, keys.interrupt(generation), self._slice_s)  # never empty: GenerationClient

@@ -18,10 +18,10 @@ from types import FrameType
 
 import torch.distributed as dist
 
+from ftcoord.liveness.still_stack import StillStack, waits_on_peers
 from ftcoord.log import get_logger
 from ftcoord.protocol import jobs, keys
 from ftcoord.protocol.slot_report import SlotReport
-from ftcoord.still_stack import StillStack, waits_on_peers
 from ftcoord.store.client import raise_to
 
 _STOP_WAIT_S = 2.0  # how long `stop` waits for a beat in flight
@@ -41,7 +41,7 @@ class Heartbeat:
     (`@<seconds>,<generation>`, whole multiples of `publish_every`, counted from its last ping, its last join or the
     last beat that saw it waiting on its peers, whichever came later, in the generation it names; published at the
     next beat once it ends): a leader that takes over during the stillness counts from there, not from its
-    own first read (ftcoord.judgement; a stuck rank whose leader was killed was fenced 6 s late at a progress
+    own first read (ftcoord.leader.judge; a stuck rank whose leader was killed was fenced 6 s late at a progress
     timeout of 6 s, twice its timeout after it stopped). The thread waits for nothing in the store: a leader's
     question ("beat now", ftcoord.protocol.evidence) reaches it through `beat_now()`, from the interrupt monitor.
     """
@@ -53,8 +53,8 @@ class Heartbeat:
         """`publish_every`: how stale published progress and status may be (default: 10 intervals); the
         leader's stuck-rank judgement needs it well below the progress timeout. `before_beat(store)`: run
         in this thread, on its client, before each beat (the monitor carries a local stop request).
-        `tell_watch()`: called once this thread failed (ftcoord.watchdog). `still_stack`: logs where a training
-        thread that stood still stands (ftcoord.still_stack); None: nobody looks."""
+        `tell_watch()`: called once this thread failed (ftcoord.liveness.helper_watch). `still_stack`: logs where a training
+        thread that stood still stands (ftcoord.liveness.still_stack); None: nobody looks."""
         self._store = store
         self.report = report
         self._published_status = ""
@@ -113,7 +113,7 @@ class Heartbeat:
             self._waited_at = now
         self._progress_at_beat = self._progress
         # With the step last committed in this generation: the leader compares still members by it, never by this
-        # process's count of pings (a replacement's starts at 0: ftcoord.judgement.Judge.hung_members).
+        # process's count of pings (a replacement's starts at 0: ftcoord.leader.judge.Judge.hung_members).
         step = self.report.step_in_generation() if self.report is not None else -1
         if self._still_stack is not None:
             if self._still_stack.due():
@@ -184,7 +184,7 @@ class Heartbeat:
         self._in_join = True
 
     def joined(self) -> None:
-        """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.still_stack)."""
+        """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.liveness.still_stack)."""
         self._training_thread, self._training_native = threading.get_ident(), threading.get_native_id()
         self._joined_at = time.monotonic()  # its stillness, as published, counts from here (a leader's does: a new
         # generation is a new value of its progress)
@@ -194,7 +194,7 @@ class Heartbeat:
 
     def _waiting_on_peers(self) -> bool:
         """Is the training thread in a collective, or in ftcoord's join or finish (waiting on its peers:
-        ftcoord.still_stack.waits_on_peers)? Before its first ping the training thread is the one that joined: a
+        ftcoord.liveness.still_stack.waits_on_peers)? Before its first ping the training thread is the one that joined: a
         member waiting in its first all-reduce on a peer stuck in its first forward was published not waiting, and
         the leader fenced it with the culprit (CI, test_heal: both replaced, the job restarted from step 0)."""
         if self._in_join:  # no snapshot of every thread's frames: a spare waits there for hours (chaos bench --scale)

@@ -20,7 +20,7 @@ Recovery at the speed of evidence, not of timeouts:
   while its generation ended for another cause never comes back; random schedule seed 777: four changes in a row,
   3 s each, until the job ended).
 
-The rule reads nothing from the store: the leader (ftcoord.leader) brings what it observed this round and
+The rule reads nothing from the store: the leader (ftcoord.leader.duty) brings what it observed this round and
 the generation's announcements, and keeps one OpenClock per open generation across its rounds.
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.judgement import Judge
+from ftcoord.leader.judge import Judge
 from ftcoord.protocol.record import GenerationRecord, JoinRequest
 from ftcoord.protocol.slots import SlotFacts
 from ftcoord.protocol.spares import SPARE_SLOT_BASE
@@ -93,7 +93,7 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
         # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
         on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
                       and not judge.observer.is_stale(f"replacing/{s}")}
-        # A process fenced a moment ago: its launcher has not said yet whether a replacement comes (ftcoord.judgement).
+        # A process fenced a moment ago: its launcher has not said yet whether a replacement comes (ftcoord.leader.judge).
         expected |= on_its_way | judge.unanswered_fences(facts, now)
     # A job starting (or restarting as a whole: no member of the last generation is
     # alive) waits for its target size of workers (a spare is seated only at last call, when
@@ -125,7 +125,7 @@ def _state_left_behind(live: list[JoinRequest], missing: set[int], facts: dict[i
     others are awaited join_timeout, as before. The price: a sole holder that is stuck (not blocked) holds the
     decision until it is fenced at progress_timeout, where the joiners used to train on alone from the checkpoint
     after join_timeout (a member that comes back later with the newer state of an abandoned timeline would be the
-    heal's source: ftcoord.quorum, the highest step)."""
+    heal's source: ftcoord.leader.quorum, the highest step)."""
     if not running or previous is None or previous.failed is not None:
         return False
     if any(previous.rank_of(j.slot, j.incarnation) is not None for j in live):

@@ -9,7 +9,7 @@ a detection in 2.2 s), and no launcher was left to kill the silent peer and clos
 
 So each member watches its generation for as long as its group lives (`GroupRelease`, a thread per generation):
 once the generation is interrupted for the death of one of its members (the interrupt's reason names it:
-`heartbeat_stale`, `hung` or `gone`, written by the leader: ftcoord.judgement), the group's sockets are shut down
+`heartbeat_stale`, `hung` or `gone`, written by the leader: ftcoord.leader.judge), the group's sockets are shut down
 (ftcoord.host.group_sockets), a collective blocked on that member fails at once, and the member rejoins like any other.
 A collective cannot complete without that member anyway, so nothing that would have completed is cut. A rejoin
 (`rejoin:slot=<n>`, written by a newer incarnation of a member's slot: ftcoord.generation) names a member gone as
@@ -26,7 +26,7 @@ node lost silently while a rank raises, a newcomer asks in or the job is preempt
 a heartbeat_timeout later, when its interrupt is taken. A member blocked behind such a peer stood still until
 pg_timeout (a stuck peer with a launcher is killed by it after its fence, which closes its connections; a silent
 node has none). So the leader then writes the death where the generation's members can wait for it
-(keys.released, written by ftcoord.judgement when a member of an ended generation is fenced as silent, or declared
+(keys.released, written by ftcoord.leader.judge when a member of an ended generation is fenced as silent, or declared
 dead after another reason won the interrupt), and the watch of a group that outlived its interrupt by `grace_s`
 (its member is still in a collective: a healthy one leaves at its next boundary, within a step) waits there, on a
 store client of its own opened then, and shuts its group down when a member other than itself is declared dead.
