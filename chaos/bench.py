@@ -46,7 +46,7 @@ def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, wa
     job = f"bench-{mode}-{reduction}-{uuid.uuid4().hex[:6]}"
     files = [out / f"steps-{job}-{r}.json" for r in range(2)]
     status = ["status", "--store", store, "--job", job, "--watch"]
-    watcher = start_worker("ftcoord.cli", status, env=machine_env(), stdout=subprocess.DEVNULL,
+    watcher = start_worker("ftcoord.observe.cli", status, env=machine_env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL) if watched else None
     procs = [start_worker("chaos.bench_workers", ["steps", "--mode", mode, "--reduction", reduction, "--rank", str(r),
                                                   "--store", store, "--job", job, "--out", str(files[r]),

@@ -3,7 +3,7 @@
 Three ways side by side in the same processes, alternating which goes first each repetition:
 - old: the heal ftcoord had before `call.heal` (kept here as the baseline): the whole state pickled with
   `torch.save` into bytes on the source and sent point-to-point to each receiver in turn, unpickled there;
-- new: `ftcoord.heal.heal` (tensor-wise, in place, one transfer for all receivers);
+- new: `ftcoord.wrapper.heal.heal` (tensor-wise, in place, one transfer for all receivers);
 - raw: one `broadcast` of a flat buffer as large as the state into fresh memory on the receivers (the
   floor: a fresh process has nowhere to put the bytes yet, and first-touching 1.1 GiB costs 0.8-3 s of
   page faults on this sandbox, more than moving it);
@@ -36,8 +36,8 @@ import torch.distributed as dist
 from chaos.bench_recovery import summary
 from chaos.machine_env import machine_env
 from chaos.own_code import start_worker
-from ftcoord.heal import heal
-from ftcoord.state_tree import digest, flatten
+from ftcoord.wrapper.heal import heal
+from ftcoord.wrapper.state_tree import digest, flatten
 
 METHODS = ("old", "new", "raw", "raw_warm")
 

@@ -19,7 +19,7 @@ from chaos.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.machine_env import machine_env
 from chaos.own_code import checkout_command, own_code_env
 from chaos.scenario import JobSpec
-from ftcoord.children_env import omp_threads_per_process
+from ftcoord.launcher.children_env import omp_threads_per_process
 from training.checkpoint.atomic import CRASH_ENV
 from training.planted import PLANTED_BUG_ENV
 
@@ -82,7 +82,7 @@ class Launchers:
                     "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
                     "--restart-policy", job.restart_policy, "--max-restarts", str(self.max_restarts), "--grace", "30",
                     "--log-dir", str(self.out / "logs")]
-        return checkout_command("ftcoord.launch", [*launcher, "--", *checkout_command("training", training_args(
+        return checkout_command("ftcoord.launcher.main", [*launcher, "--", *checkout_command("training", training_args(
             job, self.out / "ckpt"))])
 
     def start(self, node: Node) -> None:
@@ -103,14 +103,14 @@ class Launchers:
         return self.nodes[self.job.node_of(slot)]
 
     def standby_of(self, node: Node) -> int | None:
-        """The pid of the node's warm standby (its launcher's child that runs ftcoord.standby); None when it has none
+        """The pid of the node's warm standby (its launcher's child that runs ftcoord.launcher.standby_template); None when it has none
         running."""
         if node.process is None or node.process.poll() is not None:
             return None
         for children in Path(f"/proc/{node.process.pid}/task").glob("*/children"):
             for pid in children.read_text().split():
                 with contextlib.suppress(OSError):
-                    if b"ftcoord.standby" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                    if b"ftcoord.launcher.standby_template" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
                         return int(pid)
         return None
 

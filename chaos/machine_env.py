@@ -2,7 +2,7 @@
 
 Every "node" is this machine: gloo binds its pairs on loopback (its default, the interface of the host's name, may be
 one this sandbox cannot route), and torch's C++ warnings stay at ERROR (ftcoord's store waits end in a timeout by
-design: ftcoord.children_env). What the caller set wins.
+design: ftcoord.launcher.children_env). What the caller set wins.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ The leader gets a process of its own, so does each of the two kill victims; the 
   aborted during start-up. 1,024, at 12-19%, runs. As events, 4,096 at 52% ran: CPU_SHARE.)
 - **the store's descriptors**: four connections per participant (the trainer's, the heartbeat's, the leader
   duty's, the interrupt watch's), out of the store's open-file limit (the hard limit: ftcoord-store raises
-  its soft limit to it). A real rank has a fifth, for its process groups (ftcoord.wrapper); a simulated one
+  its soft limit to it). A real rank has a fifth, for its process groups (ftcoord.wrapper.decorator); a simulated one
   writes its rendezvous keys through the trainer's client, or 4,096 of them would pass this machine's hard
   limit of 20,000 (which a process cannot raise).
 

@@ -30,13 +30,13 @@ from chaos.scale_layout import freeze_startup_objects
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
 from ftcoord.log import configure
-from ftcoord.participant import Participant
 from ftcoord.protocol import keys
 from ftcoord.store.link import StoreLink
 from ftcoord.store.main import raise_open_files
+from ftcoord.wrapper.participant import Participant
 
 GLOO_KEY_BYTES = 152 + len(socket.gethostname())
-"""A member's gloo rendezvous key with the options ftcoord sets (ftcoord.call.GLOO_RENDEZVOUS_OPTIONS): its host's
+"""A member's gloo rendezvous key with the options ftcoord sets (ftcoord.wrapper.call.GLOO_RENDEZVOUS_OPTIONS): its host's
 name and address (two lengths, the name, a sockaddr_storage and a sequence number): 154 bytes on this machine,
 whatever the world size. What the simulation leaves out: gloo's reads of every peer's key (multi_gets of 128)."""
 

@@ -10,17 +10,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "CallWrapper": "ftcoord.call", "GenerationInterrupted": "ftcoord.call",
+    "CallWrapper": "ftcoord.wrapper.call", "GenerationInterrupted": "ftcoord.wrapper.call",
     "QuorumPolicy": "ftcoord.config", "Timing": "ftcoord.config",
     "ConfigError": "ftcoord.errors", "FatalError": "ftcoord.errors", "FtcoordError": "ftcoord.errors",
     "JobFailed": "ftcoord.errors", "JobFinished": "ftcoord.errors", "PortInUse": "ftcoord.errors",
     "QuorumTimeout": "ftcoord.errors", "StoreUnavailable": "ftcoord.errors",
     "mark_dead": "ftcoord.liveness.heartbeat",
-    "Participant": "ftcoord.participant",
+    "Participant": "ftcoord.wrapper.participant",
     "GenerationRecord": "ftcoord.protocol.record",
     "StoreProcess": "ftcoord.store.server", "StoreServer": "ftcoord.store.server",
     "StoreAddress": "ftcoord.store.address", "connect": "ftcoord.store.client", "job_store": "ftcoord.store.client",
-    "RestartsExhausted": "ftcoord.wrapper", "Wrapper": "ftcoord.wrapper",
+    "RestartsExhausted": "ftcoord.wrapper.decorator", "Wrapper": "ftcoord.wrapper.decorator",
 }
 
 __all__ = [
@@ -41,7 +41,6 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from ftcoord.call import CallWrapper, GenerationInterrupted
     from ftcoord.config import QuorumPolicy, Timing
     from ftcoord.errors import (
         ConfigError,
@@ -54,9 +53,10 @@ if TYPE_CHECKING:
         StoreUnavailable,
     )
     from ftcoord.liveness.heartbeat import mark_dead
-    from ftcoord.participant import Participant
     from ftcoord.protocol.record import GenerationRecord
     from ftcoord.store.address import StoreAddress
     from ftcoord.store.client import connect, job_store
     from ftcoord.store.server import StoreProcess, StoreServer
-    from ftcoord.wrapper import RestartsExhausted, Wrapper
+    from ftcoord.wrapper.call import CallWrapper, GenerationInterrupted
+    from ftcoord.wrapper.decorator import RestartsExhausted, Wrapper
+    from ftcoord.wrapper.participant import Participant

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from ftcoord.errors import ConfigError
 
 FENCE_POLL_S = 0.1
-"""How often a launcher reads its slots' fences (ftcoord.fence_watch)."""
+"""How often a launcher reads its slots' fences (ftcoord.launcher.fence_watch)."""
 FENCE_ANSWER_S = 3 * FENCE_POLL_S
 """How long a fenced process's launcher may take to answer (a replacement on its way, or the process dead) before
 the leader takes its node for lost and decides without it."""
@@ -88,7 +88,7 @@ class Timing:
         default_progress_timeout, and at most two thirds of pg_timeout. A member stuck in its step is then fenced
         as the culprit (its launcher kills it, its peers' collective fails at once: one generation change, its slot
         replaced) before gloo times its peers out: the leader sees its stillness up to a publish interval late
-        (ftcoord.participant._publish_every: 10 heartbeat intervals, a quarter of this timeout at most), and the
+        (ftcoord.wrapper.participant._publish_every: 10 heartbeat intervals, a quarter of this timeout at most), and the
         fence takes a tick and the launcher's poll, all within the third left. At the defaults both were 60 s, and
         gloo often came first: every peer raised, the stuck process, alive, was awaited join_timeout and left out,
         and its slot stood empty until it was fenced as an outsider, another progress_timeout later (random schedule

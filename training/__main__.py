@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ftcoord import arguments, env, log
 from ftcoord.errors import ConfigError, FatalError, FtcoordError, Superseded
-from ftcoord.wrapper import Wrapper
+from ftcoord.wrapper.decorator import Wrapper
 from training.checkpoint import atomic
 from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, DatasetSpec, TrainConfig, check_dataset_holds_a_batch
 from training.errors import TrainingConfigError

@@ -1,6 +1,6 @@
 """In-memory healing of a TrainState: `call.heal`, and a checkpoint only when no member holds state.
 
-The most advanced member heals the rest (ftcoord.heal: tensor-wise over the generation's group). A
+The most advanced member heals the rest (ftcoord.wrapper.heal: tensor-wise over the generation's group). A
 process that neither trained a step nor restored state offers nothing (step NO_STATE); only when no
 member holds anything does rank 0 read a checkpoint (flash image or disk), and a second heal hands it
 to the others. Fresh weights are identical on every rank (same seed), so after a start from nothing
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ftcoord import CallWrapper
-from ftcoord.heal import NO_STATE, HealReport
+from ftcoord.wrapper.heal import NO_STATE, HealReport
 from training.checkpoint.base import Loaded
 from training.state import TrainState
 

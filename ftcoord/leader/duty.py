@@ -114,7 +114,7 @@ class LeaderDuty:
         self._interrupted: int | None = None  # a generation this leader saw interrupted
         self._quiet: int | None = None  # the generation its last wait found running, or it decided since (_write)
         self._forgetting = ForgetSchedule(timing.heartbeat_timeout, forgetter)
-        self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.generation)
+        self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.wrapper.generation_client)
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
         self._slept = 0.0
@@ -291,7 +291,7 @@ class LeaderDuty:
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so
         # its members hear of the error when they rejoin (the leader decides nothing more), whoever wrote it: one
         # outside this generation cannot interrupt it itself. So a joiner need not read the fatal key after every
-        # record it gets (ftcoord.generation): one request per member per advance fewer (chaos bench --scale).
+        # record it gets (ftcoord.wrapper.generation_client): one request per member per advance fewer (chaos bench --scale).
         if self._store.check([keys.FATAL]):
             self._store.compare_set(keys.interrupt(current), "", "fatal")
             self._interrupted = current

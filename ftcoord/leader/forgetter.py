@@ -121,7 +121,7 @@ class Forgetter:
 
     def stop(self, wait_s: float) -> None:
         """End the thread once what it holds is deleted, waiting up to `wait_s` for that (0: a store away right now
-        is not waited for, ftcoord.participant's close); past it, a delete in flight is cut (its client closed)."""
+        is not waited for, ftcoord.wrapper.participant's close); past it, a delete in flight is cut (its client closed)."""
         self._stopping.set()
         if self._thread is None:
             return

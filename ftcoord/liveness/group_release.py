@@ -12,7 +12,7 @@ once the generation is interrupted for the death of one of its members (the inte
 `heartbeat_stale`, `hung` or `gone`, written by the leader: ftcoord.leader.judge), the group's sockets are shut down
 (ftcoord.host.group_sockets), a collective blocked on that member fails at once, and the member rejoins like any other.
 A collective cannot complete without that member anyway, so nothing that would have completed is cut. A rejoin
-(`rejoin:slot=<n>`, written by a newer incarnation of a member's slot: ftcoord.generation) names a member gone as
+(`rejoin:slot=<n>`, written by a newer incarnation of a member's slot: ftcoord.wrapper.generation_client) names a member gone as
 surely: its incarnation in this generation died or was fenced, and a newer one registered in its place. It cuts
 too: a member blocked on a third peer that is stuck (alive, its connections open, never contributing) stood still
 behind the rejoin until that peer was fenced, progress_timeout later, or pg_timeout (a stuck rank and the leader
@@ -32,7 +32,7 @@ dead after another reason won the interrupt), and the watch of a group that outl
 store client of its own opened then, and shuts its group down when a member other than itself is declared dead.
 A group that ends first stops the wait (its client is closed): a healthy generation pays no request for it.
 
-gloo only: NCCL's communicator has an abort and a watchdog of its own (ftcoord.call.CallWrapper.teardown).
+gloo only: NCCL's communicator has an abort and a watchdog of its own (ftcoord.wrapper.call.CallWrapper.teardown).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ TOMBSTONE_SPAN = 64
 """A forgotten generation's tombstone is deleted this many generations later. A leader paused at its record write
 for longer than that (64 generation changes) could write the record of a long-gone generation: it sees `gen/current`
 past it right after and makes it a tombstone again (ftcoord.leader.duty), and a joiner waiting for it finds
-`gen/current` past it and catches up (ftcoord.generation)."""
+`gen/current` past it and catches up (ftcoord.wrapper.generation_client)."""
 
 
 def forget(store: dist.Store, generation: int) -> None:

@@ -17,7 +17,7 @@ LISTED = "listed"  # counter: the first process to bump it lists the job in the 
 # "instance" holds "epoch:nonce", which life of the store server this is: the store layer reads and writes it
 # (ftcoord.store.link.INSTANCE_KEY), below the protocol.
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.protocol.slot_report)
-JOB_RESTARTS = "job_restarts"  # counter: whole-job restarts asked (`--restart-policy job`: ftcoord.job_restarts)
+JOB_RESTARTS = "job_restarts"  # counter: whole-job restarts asked (`--restart-policy job`: ftcoord.launcher.job_restarts)
 
 
 def probe(generation: int) -> str:
@@ -98,7 +98,7 @@ ENDED = "ended"
 be decided under this number. Written with compare_set from absent, like a record, by whoever ends the job (the
 last member to finish; a leader that finds the job failed), so every process waiting for that record (a hot spare,
 a member rejoining after a fatal error) wakes at once, where it waits, instead of looking at the job's end after
-every slice of its wait (ftcoord.generation). A number whose record is ENDED counts as decided (gen/current walks
+every slice of its wait (ftcoord.wrapper.generation_client). A number whose record is ENDED counts as decided (gen/current walks
 over it), so a stopped job that is launched again decides the numbers after it."""
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ftcoord.protocol import keys
 
-if TYPE_CHECKING:  # the launcher starts its warm standby before it imports torch (ftcoord.launch)
+if TYPE_CHECKING:  # the launcher starts its warm standby before it imports torch (ftcoord.launcher.main)
     import torch.distributed as dist
 
 RESTART_KINDS = ("fenced", "signal", "exit", "job")

@@ -38,7 +38,7 @@ def superseded(store: dist.Store, slot: int, incarnation: int) -> str | None:
 def fenced(store: dist.Store, slot: int, incarnation: int) -> str | None:
     """Why `incarnation` of `slot` must not take part any more (the newest leader fenced it: declared it dead, and its
     launcher kills it once it reads the fence), or None. A fence of a leader deposed since names nobody: launchers do
-    not carry it out either (ftcoord.fence_watch)."""
+    not carry it out either (ftcoord.launcher.fence_watch)."""
     term, named = parse_fence(get_or_none(store, keys.fence(slot)) or b"0")
     if named < incarnation:
         return None

@@ -15,7 +15,7 @@ from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import PortInUse
 from ftcoord.store.listen import bind_listen_socket
 
-_CONNECTIONS_WANTED = 65536  # ~5 per process (ftcoord.participant's clients, a launcher's) for 10k+ ranks
+_CONNECTIONS_WANTED = 65536  # ~5 per process (ftcoord.wrapper.participant's clients, a launcher's) for 10k+ ranks
 
 
 def open_files_limit() -> int:

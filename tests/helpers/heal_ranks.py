@@ -1,4 +1,4 @@
-"""One rank of a `ftcoord.heal` scenario (a real process, forked by tests/helpers/forker.py).
+"""One rank of a `ftcoord.wrapper.heal` scenario (a real process, forked by tests/helpers/forker.py).
 
     main([scenario, rank, world, store, prefix, out]) -> 0; writes out (JSON): what the rank saw.
 
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ftcoord import StoreAddress, connect
-from ftcoord.heal import HealReport, StateMismatch, heal
-from ftcoord.state_tree import digest, flatten
+from ftcoord.wrapper.heal import HealReport, StateMismatch, heal
+from ftcoord.wrapper.state_tree import digest, flatten
 
 DATA = torch.Generator().manual_seed(99)
 BATCH = torch.randn(8, 6, generator=DATA)

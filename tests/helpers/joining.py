@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ftcoord.participant import Participant
+from ftcoord.wrapper.participant import Participant
 
 
 def join_together(*members: Participant, timeout: float = 10.0) -> None:

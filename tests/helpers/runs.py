@@ -73,7 +73,7 @@ def launch(out: Path, store: str, job_id: str, *job_args: str, nproc: int = 2,
            launcher_args: tuple[str, ...] = (), python_options: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     """Start `ftcoord-launch` over the allreduce job (a real launcher process); `python_options`: the interpreter's
     options in the job's command (`python -u -m ...`)."""
-    command = [sys.executable, "-m", "ftcoord.launch", "--store", store, "--job-id", job_id,
+    command = [sys.executable, "-m", "ftcoord.launcher.main", "--store", store, "--job-id", job_id,
                "--nproc", str(nproc), "--log-dir", str(out / "logs"), *launcher_args,
                "--", sys.executable, *python_options, "-m", JOB_MODULE, "--out", str(out), *job_args]
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "GLOO_SOCKET_IFNAME": "lo",

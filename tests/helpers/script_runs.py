@@ -29,7 +29,7 @@ class ScriptRun:
                  launch_args: tuple[str, ...] = ()) -> None:
         out.mkdir(parents=True)
         self.out, self.logs = out, out / "logs"
-        command = [sys.executable, "-m", "ftcoord.launch", "--store", store, "--job-id", job_id, "--nproc", str(nproc),
+        command = [sys.executable, "-m", "ftcoord.launcher.main", "--store", store, "--job-id", job_id, "--nproc", str(nproc),
                    "--log-dir", str(self.logs), *launch_args, "--", sys.executable, str(REPO / script), *args]
         self.proc = subprocess.Popen(command, cwd=out, env={**os.environ, **child_env(out, [])}, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

@@ -41,7 +41,7 @@ class TrainingRun:
                faults: list[dict[str, Any]] | None = None, launcher_args: tuple[str, ...] = (),
                env: dict[str, str] | None = None) -> TrainingRun:
         out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "ftcoord.launch", "--store", store, "--job-id", job_id,
+        command = [sys.executable, "-m", "ftcoord.launcher.main", "--store", store, "--job-id", job_id,
                    "--nproc", str(nproc), "--log-dir", str(out / "logs"), *launcher_args, "--",
                    sys.executable, "-m", "training", *args]
         proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **child_env(out, faults), **(env or {})},

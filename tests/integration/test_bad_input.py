@@ -33,11 +33,11 @@ class Row:
     env: dict[str, str] = field(default_factory=dict)
     seconds: float = 5.0
     """Answered within this: the issue's bound for every row, launches included (a refused command line
-    imports no torch in the launcher's warm standby, see ftcoord.standby)."""
+    imports no torch in the launcher's warm standby, see ftcoord.launcher.standby_template)."""
 
 
 TRAINING = (PY, "-m", "training")
-LAUNCH = (PY, "-m", "ftcoord.launch")
+LAUNCH = (PY, "-m", "ftcoord.launcher.main")
 CHAOS = (PY, "-m", "chaos.cli")
 STORE = (PY, "-m", "ftcoord.store.main")
 
@@ -106,7 +106,7 @@ ROWS = [
     Row("chaos campaign bad seeds", (*CHAOS, "campaign", "ecrl-exp1", "--seeds", "1,x"), 2, ("'1,x'", "integers")),
     Row("chaos unknown campaign", (*CHAOS, "campaign", "nosuch"), 2, ("'nosuch'", "ecrl-exp1")),
     # ftcoord
-    Row("ftcoord unknown command", (PY, "-m", "ftcoord.cli", "purge"), 2, ("'purge'", "gc")),
+    Row("ftcoord unknown command", (PY, "-m", "ftcoord.observe.cli", "purge"), 2, ("'purge'", "gc")),
 ]
 
 

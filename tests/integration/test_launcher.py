@@ -503,7 +503,7 @@ def test_a_slot_killed_again_and_again_is_replaced_at_once_every_time(store_serv
                                                                       tmp_path: Path) -> None:
     """Each replacement of slot 1 comes up, trains, and is SIGKILLed: four faults, not a crash loop. Every
     replacement starts at once; before, the delay grew with the slot's restarts (0.25, 0.5, 1 s...) and every
-    member waited for it (ftcoord.restart_delay)."""
+    member waited for it (ftcoord.launcher.restart_delay)."""
     proc = launch(tmp_path, store_server.address, job_id, "--steps", "600", nproc=2,
                   launcher_args=("--max-restarts", "8"))
     run = AllreduceRun(tmp_path)
@@ -654,7 +654,7 @@ def test_job_restart_policy_restarts_every_process(store_server: StoreServer, jo
 
 def test_job_restart_policy_restarts_every_node(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     """Two launchers (nodes of two slots), `--restart-policy job`: slot 1 on node A dies; node B's launcher restarts
-    its processes too (ftcoord.job_restarts), so every process of the job is new. Before, each launcher restarted
+    its processes too (ftcoord.launcher.job_restarts), so every process of the job is new. Before, each launcher restarted
     only its own node's, and node B's carried on and healed node A's new processes from memory: on several nodes
     the whole-job baseline lost no state at all (mixed schedule E)."""
     nodes = {"a": (0, ("--exit-at", "1:20")), "b": (2, ())}

@@ -31,7 +31,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 
 def status(store: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ftcoord.cli", "status", "--store", store, *args],
+    return subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "status", "--store", store, *args],
                           capture_output=True, text=True, timeout=60, env=ENV)
 
 
@@ -151,7 +151,7 @@ def test_watch_redraws_live_at_80_columns(store_server: StoreServer, job_id: str
     run = ScriptRun(tmp_path / "run", store_server.address, job_id, "examples/quickstart.py", ["--steps", "1000000"])
     session = f"ftcoord-watch-{os.getpid()}"
     socket_name = str(tmp_path / "tmux.sock")
-    command = f"{sys.executable} -m ftcoord.cli status --store {store_server.address} --job {job_id} --watch"
+    command = f"{sys.executable} -m ftcoord.observe.cli status --store {store_server.address} --job {job_id} --watch"
     try:
         subprocess.run([tmux, "-S", socket_name, "new-session", "-d", "-s", session, "-x", "80", "-y", "30",
                         f"env PYTHONPATH={REPO} {command}"], check=True, timeout=30)

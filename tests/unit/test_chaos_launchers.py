@@ -36,11 +36,11 @@ def test_a_runs_launchers_and_ranks_run_this_checkout_wherever_the_run_was_start
     checkout's launcher and ranks (`python -m` puts the working directory first: sabotage, the launchers' commands
     without `-P`, runs the decoys), and their relative paths mean the run's directory."""
     job = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\n', "x.toml").job
-    monkeypatch.chdir(decoy_checkout(tmp_path / "other", "ftcoord.launch", "training.__main__"))
+    monkeypatch.chdir(decoy_checkout(tmp_path / "other", "ftcoord.launcher.main", "training.__main__"))
     launchers = Launchers(job, "127.0.0.1:1", "job", Path("out"), [], None, tmp_path / "launchers.out")
     command = launchers.command(launchers.nodes[0])
     rank = command[command.index("--") + 1:]
-    for program in (command[:command.index("ftcoord.launch") + 1], rank[:rank.index("training") + 1]):
+    for program in (command[:command.index("ftcoord.launcher.main") + 1], rank[:rank.index("training") + 1]):
         done = subprocess.run([*program, "--help"], env=launchers.env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "--steps" in done.stdout or "--nproc" in done.stdout, done.stdout

@@ -243,7 +243,7 @@ def test_a_new_trainer_never_overwrites_what_an_old_persister_is_writing(tmp_pat
 # -- node-local scratch: owned, released, reaped --------------------------------------------------------
 
 def test_scratch_of_a_dead_owner_is_an_orphan_and_a_live_ones_is_not(tmp_path: Path) -> None:
-    child = subprocess.run([sys.executable, "-c", "from ftcoord import scratch; scratch.claim('dead-job');"
+    child = subprocess.run([sys.executable, "-c", "from ftcoord.host import scratch; scratch.claim('dead-job');"
                             "scratch.slot_dir('dead-job', 0).mkdir()"], cwd=REPO, env=dict(os.environ), timeout=60)
     assert child.returncode == 0
     scratch.claim("live-job")
@@ -257,13 +257,13 @@ def test_scratch_of_a_dead_owner_is_an_orphan_and_a_live_ones_is_not(tmp_path: P
 
 
 def test_gc_lists_then_removes_orphans(tmp_path: Path) -> None:
-    code = ("from ftcoord import scratch; scratch.claim('gone'); scratch.slot_dir('gone', 1).mkdir();"
+    code = ("from ftcoord.host import scratch; scratch.claim('gone'); scratch.slot_dir('gone', 1).mkdir();"
             "(scratch.slot_dir('gone', 1) / 'image').write_bytes(b'x' * 4096)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ), timeout=60, check=True)
-    listed = subprocess.run([sys.executable, "-m", "ftcoord.cli", "gc", "--dry-run"], capture_output=True, text=True,
+    listed = subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "gc", "--dry-run"], capture_output=True, text=True,
                             cwd=REPO, env=dict(os.environ), timeout=60)
     assert listed.returncode == 0 and "job gone" in listed.stdout and scratch.job_dir("gone").exists()
-    removed = subprocess.run([sys.executable, "-m", "ftcoord.cli", "gc"], capture_output=True, text=True, cwd=REPO,
+    removed = subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "gc"], capture_output=True, text=True, cwd=REPO,
                              env=dict(os.environ), timeout=60)
     assert removed.returncode == 0 and "removed 1 orphaned job(s)" in removed.stdout
     assert not scratch.job_dir("gone").exists()

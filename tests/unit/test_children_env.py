@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ftcoord.children_env import children_env
+from ftcoord.launcher.children_env import children_env
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -36,7 +36,7 @@ def test_timed_out_store_waits_print_no_c10d_warnings(monkeypatch: pytest.Monkey
 def test_hot_spare_slots_never_collide_across_launchers() -> None:
     """Each launcher numbers its spares from its own first slot: with more spares than processes per node,
     two nodes used to hand out the same spare slot."""
-    from ftcoord.launch_config import LaunchConfig
+    from ftcoord.launcher.config import LaunchConfig
 
     nodes = [LaunchConfig(command=["x"], job_id="j", store="s", nproc=2, spares=5, first_slot=first)
              for first in (0, 2, 4)]

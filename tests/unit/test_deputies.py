@@ -14,9 +14,9 @@ from ftcoord import StoreServer
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.leader import cadence
 from ftcoord.leader.cadence import DEPUTY_FACTOR, Cadence
-from ftcoord.participant import Participant
 from ftcoord.protocol.evidence import report_closed
 from ftcoord.protocol.record import GenerationRecord
+from ftcoord.wrapper.participant import Participant
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 

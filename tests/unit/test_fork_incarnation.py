@@ -12,11 +12,11 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.host.reap import wait_killed
-from ftcoord.launch_config import LaunchConfig
+from ftcoord.launcher.config import LaunchConfig
+from ftcoord.launcher.slot_process import SlotProcess
+from ftcoord.launcher.supervisor import Supervisor
 from ftcoord.protocol import keys
 from ftcoord.protocol.slots import register
-from ftcoord.slot_process import SlotProcess
-from ftcoord.supervisor import Supervisor
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(30)
 
 def test_a_block_that_raised_still_records_what_it_connected_and_shut_down_releases_the_peer() -> None:
     """A process-group creation that fails may leave connections to the peers that did connect; nothing tears a
-    group down that was never made, so they are shut down from the record at once (ftcoord.call). The record
+    group down that was never made, so they are shut down from the record at once (ftcoord.wrapper.call). The record
     must hold them although the block raised, and never the listener (gloo's accept thread)."""
     listener = socket.create_server(("127.0.0.1", 0))  # the peer's side, opened before the block
     opened: list[socket.socket] = []

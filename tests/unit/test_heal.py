@@ -1,4 +1,4 @@
-"""ftcoord.heal: the most advanced member heals the rest, tensor-wise, in place, over a real gloo group.
+"""ftcoord.wrapper.heal: the most advanced member heals the rest, tensor-wise, in place, over a real gloo group.
 
 Each scenario runs its ranks as real processes (forked from the test fork server) on the session's
 store server; tests/helpers/heal_ranks.py builds each rank's objects.

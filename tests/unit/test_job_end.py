@@ -1,11 +1,11 @@
-"""When a launcher takes the job for ended, and ends what outstays it (ftcoord.job_end), against a real store."""
+"""When a launcher takes the job for ended, and ends what outstays it (ftcoord.launcher.job_end_watch), against a real store."""
 
 from __future__ import annotations
 
 import pytest
 
 from ftcoord import StoreServer, connect, job_store
-from ftcoord.job_end import DONE_POLL_S, JobEndWatch
+from ftcoord.launcher.job_end_watch import DONE_POLL_S, JobEndWatch
 from ftcoord.protocol import keys
 from ftcoord.store.client import get_or_none
 

@@ -1,4 +1,4 @@
-"""Whole-job restarts across launchers (ftcoord.job_restarts): the launcher that saw a death asks, every other one
+"""Whole-job restarts across launchers (ftcoord.launcher.job_restarts): the launcher that saw a death asks, every other one
 follows, a restart asked elsewhere and not carried out yet is carried out rather than asked again, an earlier run's
 count is not followed, and a restarted store does not lower the count. Against a real store, one client per
 launcher."""
@@ -9,7 +9,7 @@ import pytest
 
 from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import FENCE_POLL_S
-from ftcoord.job_restarts import JobRestarts
+from ftcoord.launcher.job_restarts import JobRestarts
 from ftcoord.protocol import keys
 from ftcoord.store.client import read_int
 

@@ -11,13 +11,13 @@ from ftcoord import StoreServer, connect, job_store
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.liveness.heartbeat import Heartbeat, LivenessObserver
 from ftcoord.liveness.interrupt_watch import InterruptWatch
-from ftcoord.participant import Participant
 from ftcoord.protocol import keys
 from ftcoord.protocol.evidence import Probe
 from ftcoord.protocol.generations import LeaderClaim
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slot_report import SlotReport
 from ftcoord.store.client import get_or_none
+from ftcoord.wrapper.participant import Participant
 from tests.helpers.frames import count_frame_looks
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
@@ -351,7 +351,7 @@ def test_an_operator_reading_the_job_does_not_wake_its_members(store_server: Sto
     """`ftcoord status` shows whether each recent generation was interrupted. Read from the running generation's
     absent interrupt key (a compare_set), that woke every member's interrupt watch at each refresh: a few requests
     per member, a burst of thousands at scale. It looks first."""
-    from ftcoord.status import _recent
+    from ftcoord.observe.job_view import _recent
     from ftcoord.store.link import StoreLink
 
     store = job_store(connect(store_server.address), job_id)

@@ -313,7 +313,7 @@ def test_a_finished_job_is_shown_with_its_last_generation_not_the_number_its_end
         store_server: StoreServer, job_id: str) -> None:
     """The job's end takes the next number (keys.ENDED, so a waiting spare wakes); `ftcoord status` still shows the
     generation that ran last, its members and its end."""
-    from ftcoord.status import JobReader
+    from ftcoord.observe.job_view import JobReader
 
     parts = [Participant(store_server.address, job_id, slot, QuorumPolicy(2), FAST).start() for slot in range(2)]
     try:

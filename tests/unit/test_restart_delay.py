@@ -1,10 +1,10 @@
-"""When a launcher starts a slot's next process (ftcoord.restart_delay)."""
+"""When a launcher starts a slot's next process (ftcoord.launcher.restart_delay)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ftcoord.restart_delay import RestartDelay
+from ftcoord.launcher.restart_delay import RestartDelay
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -17,8 +17,8 @@ import pytest
 
 from ftcoord import env
 from ftcoord.host.process_state import state, stopped
-from ftcoord.standby import PythonCommand, unsupported
-from ftcoord.standby_handle import ForkedProcess, ForkFailed, WarmStandby
+from ftcoord.launcher.standby_client import ForkedProcess, ForkFailed, WarmStandby
+from ftcoord.launcher.standby_template import PythonCommand, unsupported
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 
@@ -145,7 +145,7 @@ def test_a_replacements_death_is_seen_while_its_standby_is_stopped(tmp_path: Pat
 ORPHANED_EXIT = """
 import ctypes, os, signal, sys, time
 from pathlib import Path
-from ftcoord.standby_handle import WarmStandby
+from ftcoord.launcher.standby_client import WarmStandby
 from tests.unit.test_standby import fork_now, start
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: this process is the orphan's init
 script, go = sys.argv[1:]
@@ -278,14 +278,15 @@ def test_a_stopped_standby_never_holds_up_its_launcher_in_a_full_pipe(tmp_path: 
 
 
 def test_the_launcher_starts_its_standby_before_it_imports_torch(tmp_path: Path) -> None:
-    """ftcoord.launch starts the node's standby before it imports torch itself: the two imports run side by side
+    """ftcoord.launcher.main starts the node's standby before it imports torch itself: the two imports run side by side
     (~2 s off every job's start here). Whatever the launcher reaches before that start must stay torch-free."""
     script = (
         "import sys\n"
-        "from ftcoord import launch, log\n"
-        "config, _ = launch.parse_config(['--store', '127.0.0.1:29999', '--job-id', 'early', '--nproc', '2', '--',\n"
+        "from ftcoord import log\n"
+        "from ftcoord.launcher import main\n"
+        "config, _ = main.parse_config(['--store', '127.0.0.1:29999', '--job-id', 'early', '--nproc', '2', '--',\n"
         "                                 sys.executable, '-m', 'training', '--steps', '5'])\n"
-        "keeper = launch._start_standby(config, log.get_logger(component='launcher'))\n"
+        "keeper = main._start_standby(config, log.get_logger(component='launcher'))\n"
         "assert keeper.standby is not None, 'no standby started'\n"
         "print(keeper.standby.process.pid, 'torch' in sys.modules, flush=True)\n"
         "keeper.release(timeout=0)\n"

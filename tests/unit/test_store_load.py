@@ -14,11 +14,11 @@ import pytest
 
 from ftcoord import StoreServer
 from ftcoord.config import QuorumPolicy, Timing
-from ftcoord.participant import Participant
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import TOMBSTONE_SPAN, forget
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.store.link import StoreLink
+from ftcoord.wrapper.participant import Participant
 from tests.helpers.joining import join_together
 from tests.helpers.wait import wait_until
 

@@ -1,4 +1,4 @@
-"""One slot of a launcher's node (ftcoord.supervisor): the process holding it, its restarts, and the replacement
+"""One slot of a launcher's node (ftcoord.launcher.supervisor): the process holding it, its restarts, and the replacement
 said to be on its way.
 
 A launcher says a replacement is coming *before* the death is known (a fenced process not yet reaped, an exit not
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from ftcoord.host.process_state import stopped
+from ftcoord.launcher.restart_delay import RestartDelay
+from ftcoord.launcher.standby_client import ForkedProcess
 from ftcoord.protocol import keys
-from ftcoord.restart_delay import RestartDelay
-from ftcoord.standby_handle import ForkedProcess
 from ftcoord.store.client import read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
@@ -53,7 +53,7 @@ class SlotProcess:
     replacing_beat_at: float = 0.0
     delay: RestartDelay = field(default_factory=RestartDelay)
     """Before its next process: at once after a fault, backing off only while its processes die before they
-    come up (ftcoord.restart_delay)."""
+    come up (ftcoord.launcher.restart_delay)."""
 
     def replacement_coming(self, store: dist.Store, registered: int) -> None:
         """Say that incarnation `registered` + 1 is on its way (see the module docstring)."""

@@ -1,4 +1,4 @@
-"""`ftcoord status` on a terminal: one job's view (ftcoord.status.JobView) as rich tables that fit 80 columns."""
+"""`ftcoord status` on a terminal: one job's view (ftcoord.observe.job_view.JobView) as rich tables that fit 80 columns."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ftcoord.status import JobView, SlotView
+from ftcoord.observe.job_view import JobView, SlotView
 
 _WIDTH = 79  # a line longer than the terminal wraps, and --watch's redraw jumps
 _STATE_STYLE = {"stale": "yellow", "fenced": "red", "dead": "red", "replacing": "yellow", "spare": "cyan",

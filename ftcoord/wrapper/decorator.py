@@ -10,7 +10,7 @@ new Python process, no re-import of torch.
 
 Constructing a Wrapper and `check_configuration()` import no torch (the participant and the call
 are imported by `run`): a program can refuse a bad configuration before paying for torch, and
-ftcoord-launch's warm standby can ask it to (see ftcoord.standby).
+ftcoord-launch's warm standby can ask it to (see ftcoord.launcher.standby_template).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from ftcoord.host import stack_dump
 from ftcoord.store.address import StoreAddress, check_job_id
 
 if TYPE_CHECKING:
-    from ftcoord.participant import Participant
+    from ftcoord.wrapper.participant import Participant
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -161,7 +161,7 @@ class Wrapper:
         return QuorumPolicy(target, self.min_world_size, self.max_world_size, self.global_batch)
 
     def _participant(self) -> Participant:
-        from ftcoord.participant import Participant
+        from ftcoord.wrapper.participant import Participant
 
         slot = self.slot if self.slot is not None else env.slot_from_env()
         return Participant(self.store or env.store_from_env(), self.job_id or env.job_id_from_env(),
@@ -181,7 +181,7 @@ class Wrapper:
                 exit code 75 (EXIT_STORE_LOST) when the store stayed away past store_timeout (the function
                 saw `should_stop` first: its emergency checkpoint is written).
         """
-        from ftcoord.call import CallWrapper, GenerationInterrupted, is_peer_failure
+        from ftcoord.wrapper.call import CallWrapper, GenerationInterrupted, is_peer_failure
 
         refusal = env.torchrun_refusal()
         if refusal is not None:

@@ -10,7 +10,6 @@ import torch.distributed as dist
 from ftcoord import env
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
-from ftcoord.generation import GenerationClient
 from ftcoord.leader.duty import LeaderDuty
 from ftcoord.leader.forgetter import Forgetter
 from ftcoord.liveness.heartbeat import Heartbeat
@@ -24,6 +23,7 @@ from ftcoord.protocol.slot_report import SlotReport
 from ftcoord.protocol.slots import register, superseded_by
 from ftcoord.store.address import StoreAddress
 from ftcoord.store.link import LinkedStore, StoreLink, instance_from_env
+from ftcoord.wrapper.generation_client import GenerationClient
 
 
 class Participant:
@@ -39,10 +39,10 @@ class Participant:
     second whatever the job's size (a beat every interval; the leader's heartbeat watched every
     watch_interval; one wait per 2 heartbeat timeouts; progress and status at most every 10 intervals);
     only the leader reads every slot, every tick. A hot spare sends about 3 (its wait for the next record in
-    slices of two heartbeat timeouts, woken by the job's end: ftcoord.generation; the leader watched by the
+    slices of two heartbeat timeouts, woken by the job's end: ftcoord.wrapper.generation_client; the leader watched by the
     generation's deputies, not by it: ftcoord.leader.cadence).
 
-    Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper adds one for
+    Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper.decorator adds one for
     its process groups); the one that lists the job in the store's index is closed once it did, so the store
     holds ~5 descriptors per rank (its open-file limit bounds a job's size: ftcoord-store says so at start).
 

@@ -39,7 +39,7 @@ def _gc(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch: c10d's warnings are not ours to show
     from ftcoord.errors import FtcoordError
-    from ftcoord.status_cli import show
+    from ftcoord.observe.status_cli import show
 
     try:
         return show(args.store, args.job, watch=args.watch, as_json=args.json, refresh=args.refresh,

@@ -1,6 +1,6 @@
 """Prometheus / OpenMetrics from a launcher (`ftcoord-launch --metrics-port P`), with prometheus_client.
 
-A sampler thread reads the job once a second (ftcoord.status: read-only, its own store client) and a
+A sampler thread reads the job once a second (ftcoord.observe.job_view: read-only, its own store client) and a
 scrape answers from the newest sample; no store operation happens on the training step path.
 
 Every series carries `ftcoord_job`. Series about this launcher's own slots (restarts, heartbeat ages,
@@ -21,9 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from ftcoord.errors import PortInUse
 from ftcoord.log import get_logger
+from ftcoord.observe.job_view import JobReader, JobView
 from ftcoord.protocol.launcher_report import RESTART_KINDS
 from ftcoord.protocol.slot_report import STALL_BUCKETS, StallCounts
-from ftcoord.status import JobReader, JobView
 
 SAMPLE_S = 1.0
 

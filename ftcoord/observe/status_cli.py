@@ -1,4 +1,4 @@
-"""`ftcoord status`: find the job on the store, read it (ftcoord.status), print it once or live."""
+"""`ftcoord status`: find the job on the store, read it (ftcoord.observe.job_view), print it once or live."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from rich.live import Live
 from rich.table import Table
 
 from ftcoord.errors import FtcoordError, StoreUnavailable
+from ftcoord.observe.job_view import JobReader
+from ftcoord.observe.render import render
 from ftcoord.protocol import jobs
-from ftcoord.status import JobReader
-from ftcoord.status_render import render
 from ftcoord.store.address import StoreAddress
 from ftcoord.store.client import connect, job_store
 

@@ -1,6 +1,6 @@
 """The environment a launcher gives its processes (and the warm standby they are forked from).
 
-Torch-free: the launcher starts its warm standby with it before it imports torch itself (ftcoord.launch).
+Torch-free: the launcher starts its warm standby with it before it imports torch itself (ftcoord.launcher.main).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ftcoord import env
-from ftcoord.launch_config import LaunchConfig
+from ftcoord.launcher.config import LaunchConfig
 
 
 def omp_threads_per_process(nproc: int) -> str:
@@ -30,7 +30,7 @@ def children_env(nproc: int) -> dict[str, str]:
 
 def job_env(config: LaunchConfig) -> dict[str, str]:
     """What every process of a launcher is told about the job (the warm standby too: a module's preload function
-    checks its command line against it, see ftcoord.standby)."""
+    checks its command line against it, see ftcoord.launcher.standby_template)."""
     values = {
         env.STORE_ENV: config.store,
         env.JOB_ID_ENV: config.job_id,

@@ -1,7 +1,7 @@
-"""The launcher's warm standby, kept: one template process (ftcoord.standby) alive and warm while the job
+"""The launcher's warm standby, kept: one template process (ftcoord.launcher.standby_template) alive and warm while the job
 runs, forking each slot's process in milliseconds.
 
-The launcher starts it before it imports torch itself (ftcoord.launch): the standby's import (torch, the command's
+The launcher starts it before it imports torch itself (ftcoord.launcher.main): the standby's import (torch, the command's
 modules: ~4 s here) and the launcher's (~2 s) run side by side, not one after the other. So this module, and what
 it imports, stays torch-free.
 """
@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 
 from ftcoord.host.process_state import stopped
-from ftcoord.launch_config import LaunchConfig
+from ftcoord.launcher.config import LaunchConfig
+from ftcoord.launcher.standby_client import ForkedProcess, ForkFailed, PendingFork, WarmStandby
+from ftcoord.launcher.standby_template import PythonCommand
 from ftcoord.protocol import launcher_report
-from ftcoord.standby import PythonCommand
-from ftcoord.standby_handle import ForkedProcess, ForkFailed, PendingFork, WarmStandby
 
 STANDBY_WAIT_S = 60.0  # how long a start waits for a warming standby before it starts a new interpreter
 
@@ -96,7 +96,7 @@ class StandbyKeeper:
 
     def collect(self, key: int) -> ForkedProcess | None:
         """The process asked for under `key`, once forked; None while on its way. Raises ForkFailed when none will
-        come (ftcoord.standby_handle.PendingFork.collect)."""
+        come (ftcoord.launcher.standby_client.PendingFork.collect)."""
         try:
             forked = self._forks[key].collect()
         except ForkFailed:

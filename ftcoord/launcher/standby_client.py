@@ -1,4 +1,4 @@
-"""The launcher's handle on its warm standby (ftcoord.standby): asking for replacements, collecting them.
+"""The launcher's handle on its warm standby (ftcoord.launcher.standby_template): asking for replacements, collecting them.
 
 The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later tick
 (`PendingFork.collect`), and writes to a non-blocking stdin: a request the full pipe takes none of is not sent (a
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ftcoord.host.process_state import stopped, zombie_exit_code
 from ftcoord.host.reap import wait_killed
-from ftcoord.standby import LIFELINE_FD_ENV, NICE_ENV, READY_FD_ENV, PythonCommand
+from ftcoord.launcher.standby_template import LIFELINE_FD_ENV, NICE_ENV, READY_FD_ENV, PythonCommand
 
 FORK_ANSWER_S = 2.0
 """How long the template may take to fork a replacement (milliseconds when it is well) before it forks nothing for
@@ -135,7 +135,7 @@ class WarmStandby:
         lifeline_read, lifeline_write = os.pipe()
         parsed = PythonCommand.parse(command)  # its interpreter options are the template's: a fork keeps them
         options = list(parsed.options) if parsed is not None else []
-        process = subprocess.Popen([sys.executable, *options, "-m", "ftcoord.standby", "--", *command],
+        process = subprocess.Popen([sys.executable, *options, "-m", "ftcoord.launcher.standby_template", "--", *command],
                                    stdin=subprocess.PIPE,
                                    pass_fds=(write_fd, lifeline_read),
                                    env={**env, READY_FD_ENV: str(write_fd), LIFELINE_FD_ENV: str(lifeline_read),

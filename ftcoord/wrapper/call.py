@@ -16,15 +16,15 @@ import torch.distributed as dist
 from ftcoord import pausepoints
 from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import FtcoordError
-from ftcoord.heal import HealReport, heal
 from ftcoord.host import group_sockets
 from ftcoord.liveness.group_release import GroupRelease
 from ftcoord.log import get_logger
-from ftcoord.participant import Participant
 from ftcoord.protocol import evidence, keys
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.store.client import wait_for_key
 from ftcoord.store.link import LinkedStore
+from ftcoord.wrapper.heal import HealReport, heal
+from ftcoord.wrapper.participant import Participant
 
 
 def _forget_failed_creation() -> None:
@@ -311,7 +311,7 @@ class CallWrapper:
         sharing"). The member with the highest step (lowest rank on ties) is the source; every member
         behind it or differing from it receives its state over this generation's process group,
         tensor by tensor. When nobody holds state the given step comes back unchanged: read your
-        checkpoint first, then heal. See ftcoord.heal for the protocol.
+        checkpoint first, then heal. See ftcoord.wrapper.heal for the protocol.
         """
         self.process_group()
         report = heal(objects, step)

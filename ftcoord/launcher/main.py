@@ -17,12 +17,12 @@ from dataclasses import fields
 from typing import Any
 
 from ftcoord import arguments, log
-from ftcoord.children_env import standby_env
 from ftcoord.env import DEFAULT_STORE_HOST, store_timeout_from_env
 from ftcoord.errors import FtcoordError
-from ftcoord.launch_config import LaunchConfig
+from ftcoord.launcher.children_env import standby_env
+from ftcoord.launcher.config import LaunchConfig
+from ftcoord.launcher.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.protocol.spares import MAX_SPARES, SPARE_SLOT_BASE
-from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 
 EXIT_FAILED = 1
 
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     logger = log.get_logger(component="launcher")
     standby = _start_standby(config, logger) if not args.embedded_store else None  # embedded: no address yet
     from ftcoord.config import Timing
+    from ftcoord.launcher.supervisor import EXIT_USAGE, Supervisor
     from ftcoord.store.link import StoreLink
     from ftcoord.store.server import StoreServer
-    from ftcoord.supervisor import EXIT_USAGE, Supervisor
 
     server = None
     try:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(config, client, early_standby=standby)
     link.on_new_instance(supervisor.rebuild)
     if config.metrics_port is not None:
-        from ftcoord.metrics import LauncherMetrics
+        from ftcoord.observe.metrics import LauncherMetrics
 
         metrics = LauncherMetrics(link.client(), config.job_id, config.slots,
                                   lambda: {s.slot: dict(s.restart_kinds) for s in supervisor.slots.values()})

@@ -24,21 +24,21 @@ from dataclasses import InitVar, dataclass, field
 import torch.distributed as dist
 
 from ftcoord import env
-from ftcoord.children_env import children_env, job_env, standby_env
 from ftcoord.errors import EXIT_STORE_LOST, StoreLost, Superseded
-from ftcoord.fence_watch import FenceWatch
 from ftcoord.host import scratch, stack_dump
 from ftcoord.host.reap import wait_killed
-from ftcoord.job_end import JobEndWatch
-from ftcoord.job_restarts import JobRestarts
-from ftcoord.launch_config import LaunchConfig
+from ftcoord.launcher.children_env import children_env, job_env, standby_env
+from ftcoord.launcher.config import LaunchConfig
+from ftcoord.launcher.fence_watch import FenceWatch
+from ftcoord.launcher.job_end_watch import JobEndWatch
+from ftcoord.launcher.job_restarts import JobRestarts
+from ftcoord.launcher.slot_process import SlotProcess
+from ftcoord.launcher.standby_client import ForkedProcess, ForkFailed
+from ftcoord.launcher.standby_keeper import StandbyKeeper, standby_wanted
+from ftcoord.launcher.standby_template import PythonCommand, unsupported
 from ftcoord.liveness.heartbeat import mark_dead
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys, launcher_report, restore
-from ftcoord.slot_process import SlotProcess
-from ftcoord.standby import PythonCommand, unsupported
-from ftcoord.standby_handle import ForkedProcess, ForkFailed
-from ftcoord.standby_keeper import StandbyKeeper, standby_wanted
 from ftcoord.store.client import get_or_none, read_int
 
 EXIT_OK = 0
@@ -58,7 +58,7 @@ class Supervisor:
     job_restarts: int = 0
     terminating_since: float | None = None
     early_standby: InitVar[StandbyKeeper | None] = None
-    """The warm standby ftcoord.launch started before it imported torch (StandbyKeeper.start); None: made here."""
+    """The warm standby ftcoord.launcher.main started before it imported torch (StandbyKeeper.start); None: made here."""
 
     def __post_init__(self, early_standby: StandbyKeeper | None) -> None:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
@@ -66,7 +66,7 @@ class Supervisor:
             self._log.warning("warm_standby_disabled", reason=unsupported(self.config.command))
         self._job_restarts: JobRestarts | None = None
         if self.config.restart_policy == "job":
-            self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.job_restarts)
+            self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.launcher.job_restarts)
         self.standby = early_standby or StandbyKeeper(self.config.command, standby_wanted(self.config), self._log)
         self._standby_env = standby_env(self.config)
         self._fences = FenceWatch(self.store, self._log)
@@ -107,7 +107,7 @@ class Supervisor:
 
         A fork is asked for here and collected at the next ticks (the loop wakes when the standby answers, within
         milliseconds): the launcher never waits for its standby, so one that is stopped or starved holds up no fence and
-        no other slot, and one that has not answered in time (ftcoord.standby_handle.FORK_ANSWER_S) is given up for a
+        no other slot, and one that has not answered in time (ftcoord.launcher.standby_client.FORK_ANSWER_S) is given up for a
         new interpreter. While the standby is still warming up (it was started moments ago, or restarted), the start
         waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
         """
@@ -145,7 +145,7 @@ class Supervisor:
         launcher_report.publish(store, slot.slot, slot.process.pid if slot.process else None,
                                 slot.restart_kinds, self.standby.state())
 
-    # -- the warm standby (ftcoord.standby_keeper) -----------------------------------------
+    # -- the warm standby (ftcoord.launcher.standby_keeper) -----------------------------------------
 
     def _refresh_standby(self) -> None:
         if self.terminating_since is None:
@@ -220,7 +220,7 @@ class Supervisor:
         return None
 
     def _end_outstayed(self, now: float) -> None:
-        """Kill the children still running grace_s after the job was done or stopped: stuck (ftcoord.job_end). The
+        """Kill the children still running grace_s after the job was done or stopped: stuck (ftcoord.launcher.job_end_watch). The
         next tick reaps them as finished."""
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not running or not self._job_end.outstayed(self.store, now):
@@ -235,7 +235,7 @@ class Supervisor:
     def _replacement_coming(self, slot: SlotProcess, registered: int) -> None:
         """Say a replacement is coming *before* the death is known (a fenced process not yet reaped, an
         exit not yet marked), so the leader waits for it instead of shrinking the world and growing it
-        back a moment later (ftcoord.slot_process)."""
+        back a moment later (ftcoord.launcher.slot_process)."""
         if self.config.restart_policy == "slot" and slot.restarts < self.config.max_restarts:
             slot.replacement_coming(self.store, registered)
 
@@ -308,7 +308,7 @@ class Supervisor:
     def _restart_job(self, number: int, asked_here: bool) -> int | None:
         """The classic whole-job restart: stop every process of this node, start them all again; the job's
         restart `number`, asked by this launcher (a process of this node died) or by another one
-        (ftcoord.job_restarts: every launcher restarts its own node's)."""
+        (ftcoord.launcher.job_restarts: every launcher restarts its own node's)."""
         if self.job_restarts >= self.config.max_restarts:
             self._log.error("restarts_exhausted", job_restarts=self.job_restarts)
             print(f"ftcoord-launch: the job restarted {self.job_restarts} times (max_restarts="
@@ -339,7 +339,7 @@ class Supervisor:
                 slot.process = None
 
     def _fence(self, now: float, replacing: bool = True) -> None:
-        """Kill the processes the leader declared dead, at once (ftcoord.fence_watch); `replacing`: say a
+        """Kill the processes the leader declared dead, at once (ftcoord.launcher.fence_watch); `replacing`: say a
         replacement is on its way (not while this launcher stops).
 
         Even inside `call.atomic()` (a checkpoint commit): a commit is crash-safe by construction

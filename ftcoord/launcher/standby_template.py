@@ -21,10 +21,10 @@ replacements' parent and reaps them); each replacement says `{"reported": N, "co
 the launcher's word on its exit code once the template is gone. The template dies with its launcher (a parent-death
 signal), and so do its replacements, though not with the template: each watches a lifeline, a pipe whose write end
 only the launcher holds (`_die_with_launcher`), so the template's own death (the kernel's pick when memory runs out,
-say) takes no rank with it; the launcher sees their deaths without it (ftcoord.standby_handle) and starts a new
+say) takes no rank with it; the launcher sees their deaths without it (ftcoord.launcher.standby_client) and starts a new
 template. A closed stdin lets the template exit once its last replacement has.
 
-The launcher's side (asking, collecting, the pipes) is ftcoord.standby_handle.
+The launcher's side (asking, collecting, the pipes) is ftcoord.launcher.standby_client.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int, life
 
 
 def main() -> None:
-    """`python -m ftcoord.standby -- CMD...`: preload, say ready, fork a replacement per request."""
+    """`python -m ftcoord.launcher.standby_template -- CMD...`: preload, say ready, fork a replacement per request."""
     command = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else sys.argv[1:]
     parsed = PythonCommand.parse(command)
     if parsed is None:

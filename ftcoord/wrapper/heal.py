@@ -25,7 +25,7 @@ for any set of objects with `state_dict()`/`load_state_dict()` and for plain ten
    that does not exist yet on a fresh process (Adam's moments before its first step) is created by
    the object's own code, on the device the object wants it.
 
-The skeleton, the tensors and the digests are `ftcoord.state_tree`.
+The skeleton, the tensors and the digests are `ftcoord.wrapper.state_tree`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ftcoord.errors import FatalError
-from ftcoord.state_tree import StateTree, as_bytes, check_objects, digest, flatten, rebuild, tensor_paths
+from ftcoord.wrapper.state_tree import StateTree, as_bytes, check_objects, digest, flatten, rebuild, tensor_paths
 
 NO_STATE = -1
 """The step of a member that holds nothing worth sharing (any negative step means the same)."""
