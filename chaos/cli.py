@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.campaign import bundled_names as campaign_names
-from chaos.campaign import load as load_campaign
-from chaos.campaign import parse_seeds
+from chaos.campaign.campaign import bundled_names as campaign_names
+from chaos.campaign.campaign import load as load_campaign
+from chaos.campaign.campaign import parse_seeds
 from chaos.errors import ReferenceUnusable
 from chaos.scenario import ScenarioError, bundled_names, load, scenario_of
 from ftcoord import arguments
@@ -33,7 +33,7 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from chaos.report import model_line
+    from chaos.report.report import model_line
 
     console = Console(stderr=False)
     c, g = report["correctness"], report["goodput"]
@@ -76,7 +76,7 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
 def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
     """Run a scenario and its reference; write and return the report."""
     scenario = load(name)  # a bad scenario is refused before torch is imported
-    from chaos.report import run_and_report
+    from chaos.report.report import run_and_report
 
     return run_and_report(scenario, out, quiet=quiet)
 
@@ -85,8 +85,8 @@ def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:
     import json
 
     scenario = scenario_of(run_dir)  # before torch is imported: a wrong directory is answered at once
-    from chaos.reference import ensure_reference
-    from chaos.report import build_report, write_report
+    from chaos.report.reference import ensure_reference
+    from chaos.report.report import build_report, write_report
 
     ref_dir, ref = ensure_reference(scenario)
     previous = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
@@ -99,7 +99,7 @@ def _verify_or_report(run_dir: Path, write: bool) -> dict[str, Any]:
 
 
 def _sizes(text: str) -> list[int]:
-    from chaos.bench_scale import parse_sizes
+    from chaos.scale.bench import parse_sizes
 
     try:
         return parse_sizes(text)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir", type=Path)
     samples = sub.add_parser("check-samples", help="exactly once for your own loop: read the sample log it wrote "
-                             "(chaos.samples.SampleLog) and check every sample of every epoch was trained once")
+                             "(chaos.proof.samples.SampleLog) and check every sample of every epoch was trained once")
     samples.add_argument("log_dir", type=Path, help="the directory the loop's SampleLog wrote into")
     samples.add_argument("--size", type=arguments.positive_int, required=True, help="samples in the dataset")
     samples.add_argument("--epochs", type=arguments.positive_int, required=True, help="epochs the run trained")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             # Torch-free: a bad name, file or seed list is answered before the runner is imported.
             campaigns = [load_campaign(name, quick=args.quick) for name in args.campaigns]
             seeds = parse_seeds(args.seeds) if args.seeds else None
-            from chaos.campaign_cli import run_campaigns
+            from chaos.campaign.cli import run_campaigns
 
             return run_campaigns(args, campaigns, seeds)
         if args.command in ("run", "demo"):
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-samples":
             if not args.log_dir.is_dir():
                 raise FileNotFoundError(f"no directory {args.log_dir}: pass the directory your loop's SampleLog wrote")
-            from chaos.samples import check_samples
+            from chaos.proof.samples import check_samples
 
             check = check_samples(args.log_dir, args.size, args.epochs)
             print(f"{'PASS' if check.passed else 'FAIL'}: {check.steps} steps, world sizes by generation "
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if check.passed else 1
         if args.command == "bench":
             if args.scale:
-                from chaos.bench_scale import DEFAULT_SIZES, run_scale_bench, scale_timing
+                from chaos.scale.bench import DEFAULT_SIZES, run_scale_bench, scale_timing
 
                 default = [64, 256] if args.quick else list(DEFAULT_SIZES)
                 if args.generations is not None and args.generations < 0:
@@ -247,22 +247,22 @@ def main(argv: list[str] | None = None) -> int:
             if args.heartbeat_interval is not None:
                 parser.error("--heartbeat-interval is the simulated participants' timing: give it with --scale")
             if args.only == "heal":
-                from chaos.bench_heal import run_heal_bench
+                from chaos.bench.heal import run_heal_bench
 
                 return run_heal_bench(args.out, 3 if args.quick else 5)
             if args.only == "status":
-                from chaos.bench_status import run_status_bench
+                from chaos.bench.status import run_status_bench
 
                 return run_status_bench(args.out, 3 if args.quick else 5)
             if args.only == "store_restart":
-                from chaos.bench_store import run_store_bench
+                from chaos.bench.store_restart import run_store_bench
 
                 return run_store_bench(args.out, 3 if args.quick else 5)
             if args.only == "forget":
-                from chaos.bench_forget import run_forget_bench
+                from chaos.bench.forget import run_forget_bench
 
                 return run_forget_bench(args.out, args.quick)
-            from chaos.bench import run_bench
+            from chaos.bench.suite import run_bench
 
             return run_bench(args.out, quick=args.quick)
     except (ScenarioError, FileNotFoundError) as exc:

@@ -429,7 +429,7 @@ OUTSIDE = "outside"
 
 def ends_first(earlier: str | None, later: str | None) -> bool:
     """A fault at point `earlier` in step s - 1 leaves one at point `later` in step s of the same rank unfired
-    (random_faults leaves such pairs out; chaos.effects says why one never fired). None: no fault planned there."""
+    (random_faults leaves such pairs out; chaos.proof.effects says why one never fired). None: no fault planned there."""
     if earlier is None or later is None:
         return False
     if later == OUTSIDE:  # sent once any rank committed step s - 1: the rank may still be before its fault's point

@@ -100,11 +100,11 @@ class Trainer:
 
     def _record(self, call: CallWrapper, epoch: int, ids: torch.Tensor) -> None:
         """The evidence for `chaos check-samples` (only with --sample-log), written before the step's forward
-        pass: see chaos.samples for why."""
+        pass: see chaos.proof.samples for why."""
         if self.sample_log is None:
             return
         if self._log is None:
-            from chaos.samples import SampleLog
+            from chaos.proof.samples import SampleLog
 
             self._log = SampleLog(self.sample_log, call.slot)
         self._log.record(epoch, self.step, call.rank, call.world_size, call.iteration, ids.tolist())

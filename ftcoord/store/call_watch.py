@@ -51,7 +51,7 @@ class CallWatch:
     (atomic under the interpreter lock: a token from itertools.count, an insertion, a pop); the thread reads a copy
     of the watched calls (a list made in one operation), never the dict while others change it. With a lock and a
     dataclass per call, watching cost 5 us of a call's 31 us in an event-loop worker (a linked `add` over
-    chaos.wire_store's client, measured alone): about a sixth of what a simulated participant of `chaos bench
+    chaos.scale.wire_store's client, measured alone): about a sixth of what a simulated participant of `chaos bench
     --scale` spent on each of its ~7 store calls an advance (issue 17)."""
 
     def __init__(self, op_timeout: float, closed: threading.Event,

@@ -132,7 +132,7 @@ def tcpstore_client(address: StoreAddress, timeout: float) -> dist.TCPStore:
 
 
 def _prefixed(raw: Any, prefix: str) -> dist.Store:
-    """The job's view of a client: torch's PrefixStore, or a client's own (chaos.wire_store)."""
+    """The job's view of a client: torch's PrefixStore, or a client's own (chaos.scale.wire_store)."""
     own = getattr(raw, "prefixed", None)
     return own(prefix) if own is not None else dist.PrefixStore(prefix, raw)
 
@@ -142,7 +142,7 @@ class StoreLink:
 
     open_client: Callable[[StoreAddress, float], Any] = staticmethod(tcpstore_client)
     """How a link opens a client: (address, timeout) -> a connected client with the dist.Store operations. A
-    process of `chaos bench --scale`'s event-loop participants opens chaos.wire_store's instead (torch's blocks in
+    process of `chaos bench --scale`'s event-loop participants opens chaos.scale.wire_store's instead (torch's blocks in
     C++, where no event loop switches away); the same requests either way."""
 
     def __init__(self, address: StoreAddress | str, job_id: str, *, connect_timeout: float = 30.0,

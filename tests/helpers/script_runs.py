@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from chaos.metrics import read_logs
+from chaos.report.metrics import read_logs
 from tests.helpers.cluster import REPO
 from tests.helpers.train_runs import child_env
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.proof import Proof, prove
+from chaos.proof.proof import Proof, prove
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 from training.config import TrainConfig
@@ -23,7 +23,7 @@ FAST = ["--heartbeat-interval", "0.1", "--heartbeat-timeout", "1.0"]
 
 def train_args(steps: int, *extra: str, join_timeout: float = 10.0) -> list[str]:
     return ["--steps", str(steps), "--dataset", DATASET, "--global-batch", str(GLOBAL_BATCH), "--seed", str(SEED),
-            "--model", "mlp", "--hook", "chaos.inject:hook", "--join-timeout", str(join_timeout), *FAST, *extra]
+            "--model", "mlp", "--hook", "chaos.run.inject:hook", "--join-timeout", str(join_timeout), *FAST, *extra]
 
 
 def child_env(out: Path, faults: list[dict[str, Any]] | None) -> dict[str, str]:
@@ -68,7 +68,7 @@ class TrainingRun:
 
     def logs(self, event: str) -> list[dict[str, Any]]:
         """The structlog events named `event` of every process of the run (launcher included)."""
-        from chaos.metrics import read_logs
+        from chaos.report.metrics import read_logs
 
         return read_logs(self.out / "logs", (event,))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.campaign_runner import MARKER
+from chaos.campaign.runner import MARKER
 from tests.helpers.campaigns import TINY
 from tests.helpers.wait import wait_until
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chaos.cli import run_scenario
-from chaos.metrics import read_logs
+from chaos.report.metrics import read_logs
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -142,7 +142,7 @@ def test_a_stuck_rank_is_fenced_as_the_culprit_before_its_peers_collective_times
     # Before the fence, the culprit logged where it stood (ftcoord.liveness.still_stack: half the progress timeout); its
     # peer, blocked in the step's all-reduce, logged nothing. The report shows it.
     (still,) = report["still_threads"]
-    assert still["slot"] == stuck["slot"] and still["at"].endswith(" in _fire") and "chaos/inject.py" in still["at"]
+    assert still["slot"] == stuck["slot"] and still["at"].endswith(" in _fire") and "chaos/run/inject.py" in still["at"]
     assert 3.0 <= still["still_s"] < 6.0, still
     assert re.fullmatch(rf"{still['pid']} [^:]+: S in \w+, [0-9.]+ s of CPU", still["thread"]), still  # the sleep
     assert f"`{still['at']}`" in (tmp_path / "stuck-pg" / "report.md").read_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chaos.metrics import read_logs
+from chaos.report.metrics import read_logs
 from ftcoord import StoreServer
 from tests.helpers.script_runs import ScriptRun, slot_pid
 from tests.helpers.train_runs import TrainingRun, train_args

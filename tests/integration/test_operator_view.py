@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.metrics import read_logs
+from chaos.report.metrics import read_logs
 from ftcoord import StoreServer
 from tests.helpers.cluster import REPO
 from tests.helpers.runs import AllreduceRun, launch

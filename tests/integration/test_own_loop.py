@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from chaos.metrics import read_logs
-from chaos.samples import check_samples, read_samples
+from chaos.proof.samples import check_samples, read_samples
+from chaos.report.metrics import read_logs
 from ftcoord import StoreServer
 from tests.helpers.cluster import REPO, Forker
 from tests.helpers.script_runs import ScriptRun, slot_pid

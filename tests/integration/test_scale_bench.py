@@ -36,7 +36,7 @@ def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -
     busy = report["cores_busy_during_advance"]
     assert 0 <= busy["store"] <= 1.2 and busy["clock_tick_s"] > 0, busy
     assert report["cores_busy_during_advance"]["participants"] > 0, report["cores_busy_during_advance"]
-    # What bare clients take on this machine, beside the advance (chaos.scale_floor): every variant measured.
+    # What bare clients take on this machine, beside the advance (chaos.scale.floor): every variant measured.
     floor = report["floor_s"]
     assert all(floor[variant]["median"] > 0 for variant in ("least", "critical_path", "ftcoord_requests",
                                                           "every_request")), floor
@@ -45,11 +45,11 @@ def test_the_scale_bench_measures_every_figure_at_a_small_size(tmp_path: Path) -
 
 def test_a_size_too_busy_to_simulate_still_measures_its_floor_alone() -> None:
     """A size refused for its steady state (its participants' heartbeats would take the cores) still gets what this
-    machine allows any protocol at that size: bare clients keep no steady state up (chaos.scale_floor). Its record is
+    machine allows any protocol at that size: bare clients keep no steady state up (chaos.scale.floor). Its record is
     sized from the largest size measured before it, and the report sets the floor beside the refusal."""
-    from chaos.bench_scale import _floor_beyond
-    from chaos.scale_layout import WorkerMemory
-    from chaos.scale_report import markdown, targets_missed
+    from chaos.scale.bench import _floor_beyond
+    from chaos.scale.layout import WorkerMemory
+    from chaos.scale.report import markdown, targets_missed
 
     refused = "16 participants would keep ~1.8 of this machine's 2 cores busy"
     result = {"participants": 16, "not_measured": refused,
@@ -77,8 +77,8 @@ def test_the_participants_beat_on_the_timing_the_bench_was_given(tmp_path: Path)
     """`--heartbeat-interval` reaches every simulated participant: at one beat a second, half the default's rate (a
     job of thousands of ranks may beat less often; the report says which timing ran). A bench that measured its
     figures on the default timing while it said another would claim what it never ran."""
-    from chaos.bench_scale import scale_timing
-    from chaos.scale_swarm import Swarm
+    from chaos.scale.bench import scale_timing
+    from chaos.scale.swarm import Swarm
     from ftcoord.store.server import StoreProcess
 
     timing = scale_timing(1.0)
@@ -115,7 +115,7 @@ def test_the_scale_bench_refuses_a_heartbeat_interval_it_cannot_run(capsys: pyte
 def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path: Path) -> None:
     """A worker process that exits (here: SIGKILLed behind the driver's back) takes dozens of participants with it:
     the driver says which and stops waiting, instead of waiting out its deadline (minutes at large sizes)."""
-    from chaos.scale_swarm import Swarm
+    from chaos.scale.swarm import Swarm
     from ftcoord.store.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0)
@@ -134,13 +134,13 @@ def test_a_worker_that_dies_fails_the_wait_at_once_and_names_its_slots(tmp_path:
 
 
 def test_a_floor_worker_that_dies_is_said_at_once() -> None:
-    """The floor's workers (chaos.scale_floor) are bare store clients; one that exits (here: refused its variant)
+    """The floor's workers (chaos.scale.floor) are bare store clients; one that exits (here: refused its variant)
     fails the measure at once, naming its exit code, instead of the driver waiting out its deadline."""
-    from chaos import scale_floor
+    from chaos.scale import floor
 
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"a floor worker exited with 2 before saying 'ready'"):
-        scale_floor.measure(4, 2, 1, 16, "no-such-variant", timeout_s=120)
+        floor.measure(4, 2, 1, 16, "no-such-variant", timeout_s=120)
     assert time.monotonic() - started < 30
 
 
@@ -150,7 +150,7 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
     unscheduled for seconds at an advance (its clients' calls went unanswered for op_timeout, whole workers
     reconnected, advances took 20-40 s). A straggling participant's threads are shown where they wait, with what
     its interrupt watch holds (what the bench records for an advance slower than STRAGGLING_S)."""
-    from chaos.scale_swarm import Swarm
+    from chaos.scale.swarm import Swarm
     from ftcoord.store.server import StoreProcess
 
     server = StoreProcess.start("127.0.0.1", 0, own_session=True)
@@ -170,11 +170,11 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
 
 
 def test_an_advance_is_timed_only_when_it_was_the_one_change_asked_for(tmp_path: Path) -> None:
-    """`chaos.bench_scale.advance` (the bench's advances, and scripts/scale-advances'): an interrupt someone else won
+    """`chaos.scale.bench.advance` (the bench's advances, and scripts/scale-advances'): an interrupt someone else won
     before the bench asked is said with its reason (a change nobody asked for: its time is not the bench's), and a
     clean advance says nothing and moves everyone exactly one generation on."""
-    from chaos.bench_scale import advance
-    from chaos.scale_swarm import Swarm
+    from chaos.scale.bench import advance
+    from chaos.scale.swarm import Swarm
     from ftcoord.protocol import keys
     from ftcoord.store.link import StoreLink
     from ftcoord.store.server import StoreProcess
@@ -207,11 +207,11 @@ def test_an_advance_is_timed_only_when_it_was_the_one_change_asked_for(tmp_path:
 
 @pytest.mark.slow  # both kinds of participant compared (40 s); the bench itself is in the default set
 def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tmp_path: Path) -> None:
-    """`--participants events` runs the same ftcoord code on greenlets with chaos.wire_store's clients: its bulk
+    """`--participants events` runs the same ftcoord code on greenlets with chaos.scale.wire_store's clients: its bulk
     workers say so once started, and a participant's requests per advance, operation by operation, are those of
     participants that run on threads (a drift would mean the bench measures some other protocol). The leader's
     share is left out: what it deletes per advance depends on when the old generations' members all arrived."""
-    from chaos.bench_scale import run_size
+    from chaos.scale.bench import run_size
 
     results = {}
     with (tmp_path / "workers.log").open("w") as log:
@@ -242,9 +242,9 @@ def test_event_loop_participants_cost_the_store_what_thread_participants_cost(tm
 
 
 def _floor_requests_per_round(variant: str) -> Counter[str]:
-    """One bare participant's requests in one round of the floor (chaos.scale_floor), counted as StoreLink counts
+    """One bare participant's requests in one round of the floor (chaos.scale.floor), counted as StoreLink counts
     a participant's (TCPStore's get is two), against a real store whose keys let the round run straight through."""
-    from chaos import scale_floor
+    from chaos.scale import floor
     from ftcoord.store.client import connect
     from ftcoord.store.link import _REQUESTS
     from ftcoord.store.server import StoreProcess
@@ -263,7 +263,7 @@ def _floor_requests_per_round(variant: str) -> Counter[str]:
         for name in ("interrupt", "record", "probe"):
             store.set(f"floor/{variant}/0/{name}", "x")
         counting = Counting(store)
-        scale_floor._client_rounds(counting, variant, 1, [0.0], 0)
+        floor._client_rounds(counting, variant, 1, [0.0], 0)
         return counting.requests
     finally:
         server.stop()
@@ -292,13 +292,14 @@ def test_the_participants_run_as_events_where_gevent_is_installed_and_as_threads
     it is not, the bench runs with threads and says why its figures may be slow, rather than refusing to run."""
     import importlib.util
 
-    from chaos import bench_scale, cli
+    from chaos import cli
+    from chaos.scale import bench
 
     real = importlib.util.find_spec
     if not installed:
         monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gevent" else real(name, *a))
     ran: dict[str, object] = {}
-    monkeypatch.setattr(bench_scale, "run_scale_bench", lambda out, sizes, **kwargs: ran.update(kwargs) or 0)
+    monkeypatch.setattr(bench, "run_scale_bench", lambda out, sizes, **kwargs: ran.update(kwargs) or 0)
     assert cli.main(["bench", "--scale", "--sizes", "64", "--out", "/nonexistent/never"]) == 0
     err = capsys.readouterr().err
     assert ran["participants"] == ("events" if installed else "threads"), ran

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.metrics import read_logs
+from chaos.report.metrics import read_logs
 from ftcoord import StoreProcess
 from ftcoord.errors import EXIT_STORE_LOST
 from ftcoord.protocol.generations import EPOCH_SPAN

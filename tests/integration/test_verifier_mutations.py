@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-import chaos.reference
+import chaos.report.reference
 from chaos.cli import _verify_or_report, main, run_scenario
 from chaos.errors import ReferenceUnusable
-from chaos.reference import reference_dir, summarize_reference
+from chaos.report.reference import reference_dir, summarize_reference
 from chaos.scenario import load
 from training.planted import DOUBLE_STEP_AFTER_RESUME, PLANTED_BUG_ENV
 
@@ -211,7 +211,7 @@ def test_ddp_allreduce_on_three_ranks_is_held_to_the_tolerance_and_a_planted_bug
     summary = json.loads((ref / "summary.json").read_text())
     assert summary["replay_exact"] is False and 0 < summary["replay_relative_l2"] <= model["tolerance_relative_l2"]
     with monkeypatch.context() as broken:  # no tolerance at all: this replay is not exact, so it is refused
-        broken.setattr(chaos.reference, "TOLERANCE_RELATIVE_L2", 0.0)
+        broken.setattr(chaos.report.reference, "TOLERANCE_RELATIVE_L2", 0.0)
         with pytest.raises(ReferenceUnusable, match="beyond the tolerance"):
             summarize_reference(ref, scenario, 0.0)
     tampered = tmp_path / "tampered-reference"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.campaign import bundled_names, fingerprint, load, parse, parse_seeds
-from chaos.campaign_runner import MARKER, plan
+from chaos.campaign.campaign import bundled_names, fingerprint, load, parse, parse_seeds
+from chaos.campaign.runner import MARKER, plan
+from chaos.campaign.stats import summarize, t_quantile_975
+from chaos.campaign.summary import aggregate, fmt, run_metrics
 from chaos.scenario import ScenarioError
-from chaos.stats import summarize, t_quantile_975
-from chaos.summary import aggregate, fmt, run_metrics
 from tests.helpers.campaigns import TINY
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""The launchers of a chaos run (chaos.launchers): which node a scenario's slot is on, which code they and their ranks
+"""The launchers of a chaos run (chaos.run.launchers): which node a scenario's slot is on, which code they and their ranks
 run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.launchers import Launchers
+from chaos.run.launchers import Launchers
 from chaos.scenario import parse
 from tests.helpers.decoy import decoy_checkout
 from tests.helpers.wait import wait_until
@@ -64,7 +64,7 @@ def test_a_pause_that_ends_inside_a_partition_of_its_node_leaves_the_process_sto
     """A rank (or a launcher) paused, then its node partitioned before the pause ended: the pause's SIGCONT woke
     that one process inside a node that answers nothing. The partition now holds it, and the partition's heal
     continues the whole node. Real processes in a session of their own, as a node's launcher is."""
-    from chaos.run import ChaosRunner
+    from chaos.run.runner import ChaosRunner
     from ftcoord.host.process_state import stopped
 
     scenario = parse('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nglobal_batch = 8\nnodes = [[0], [1]]\n',

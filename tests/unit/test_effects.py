@@ -1,4 +1,4 @@
-"""Holding a run to its scenario (chaos.effects): a planned fault that found nobody says why."""
+"""Holding a run to its scenario (chaos.proof.effects): a planned fault that found nobody says why."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from chaos.effects import fault_problems
-from chaos.progress import LedgerTail
-from chaos.run import hit_member
+from chaos.proof.effects import fault_problems
+from chaos.run.progress import LedgerTail
+from chaos.run.runner import hit_member
 from chaos.scenario import Fault, parse
 
 SCENARIO = """

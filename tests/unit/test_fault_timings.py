@@ -1,4 +1,4 @@
-"""chaos.metrics.fault_timings: a pause that came during another fault's re-form is timed, not called ridden through.
+"""chaos.report.metrics.fault_timings: a pause that came during another fault's re-form is timed, not called ridden through.
 
 Seen in a random schedule (seed 99991): a rank raised at step 164 and another was SIGSTOPped 17 ms later, after the
 interrupt. The re-form waited a heartbeat timeout for the paused one and left it out; the report gave the raise that
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaos.metrics import fault_timings
+from chaos.report.metrics import fault_timings
 
 
 def _step(mono: float, generation: int, pid: int, world_size: int = 3) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from chaos.bench_forget import bench_forget, plant
+from chaos.bench.forget import bench_forget, plant
 from ftcoord import StoreServer
 from ftcoord.leader.forgetter import BACKLOG, KEEP_GENERATIONS, ForgetSchedule, Forgetter
 from ftcoord.log import get_logger

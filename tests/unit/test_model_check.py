@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from chaos.model_check import TOLERANCE_RELATIVE_L2, ExpectedModel, check_model, expected_model, step_plan
-from chaos.replay import StepPlan, replay
-from chaos.verify import Verdict
+from chaos.proof.model_check import TOLERANCE_RELATIVE_L2, ExpectedModel, check_model, expected_model, step_plan
+from chaos.proof.replay import StepPlan, replay
+from chaos.proof.verify import Verdict
 from training.config import TrainConfig
 from training.state import state_digest
 

@@ -21,16 +21,16 @@ def test_a_worker_runs_the_drivers_code_wherever_the_driver_was_started(
     first, ahead of PYTHONPATH: an A/B run of two versions started from one checkout timed the same code in both
     arms) nor one named on PYTHONPATH (sabotage: `-m` without `-P` fails the first, PYTHONPATH left as it was the
     second)."""
-    other = decoy_checkout(tmp_path / "other", "chaos.scale_worker_events")
+    other = decoy_checkout(tmp_path / "other", "chaos.scale.worker_events")
     if where == "working directory":
         monkeypatch.chdir(other)
     else:
         monkeypatch.setenv("PYTHONPATH", str(other))
-    process = start_worker("chaos.scale_worker_events", ["--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = start_worker("chaos.scale.worker_events", ["--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0, out
-    assert "--first" in out, out  # chaos.scale_worker's usage
+    assert "--first" in out, out  # chaos.scale.worker's usage
 
 
 def test_a_worker_reads_relative_paths_from_the_drivers_working_directory(

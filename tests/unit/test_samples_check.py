@@ -1,4 +1,4 @@
-"""chaos.samples: the user-loop check fails, by name, on each planted fault in a sample log."""
+"""chaos.proof.samples: the user-loop check fails, by name, on each planted fault in a sample log."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chaos.samples import SampleLog, check_samples
+from chaos.proof.samples import SampleLog, check_samples
 
 pytestmark = pytest.mark.timeout(30)
 

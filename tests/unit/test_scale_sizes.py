@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from chaos.bench_scale import between_advances
-from chaos.scale_layout import DoesNotFit, Machine, WorkerMemory, layout, per_process, worker_processes
-from chaos.scale_report import markdown, targets_missed
+from chaos.scale.bench import between_advances
+from chaos.scale.layout import DoesNotFit, Machine, WorkerMemory, layout, per_process, worker_processes
+from chaos.scale.report import markdown, targets_missed
 from ftcoord import Timing
 
 pytestmark = pytest.mark.timeout(60)
@@ -115,7 +115,7 @@ def test_a_size_not_measured_is_a_missed_target_and_a_row_of_the_table() -> None
 
 def test_a_size_too_big_to_simulate_with_nothing_smaller_measured_says_why_its_floor_was_not_measured_either(
 ) -> None:
-    from chaos.bench_scale import _floor_beyond
+    from chaos.scale.bench import _floor_beyond
 
     result = {"participants": 4096, "not_measured": "4096 participants would keep ~1.8 of this machine's 2 cores busy",
               **_floor_beyond(4096, MEASURED, 3, [], "events")}
@@ -126,7 +126,7 @@ def test_a_size_too_big_to_simulate_with_nothing_smaller_measured_says_why_its_f
 
 
 def test_a_slow_change_says_who_was_late_where_they_waited_and_why_an_unasked_change_came() -> None:
-    from chaos.scale_report import _slow_lines
+    from chaos.scale.report import _slow_lines
 
     result = {"participants": 1024, "stragglers": [
         {"generation": 16, "phase": "announce", "after_s": 3.3, "count": 114, "workers": [1, 65], "slots": [2, 8],

@@ -1,4 +1,4 @@
-"""chaos.scale_worker: a simulated participant never waits for the bench's driver to read what it says."""
+"""chaos.scale.worker: a simulated participant never waits for the bench's driver to read what it says."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 _EMIT_MORE_THAN_A_PIPE_HOLDS = """
 import os, sys, threading, time
-from chaos import scale_worker
+from chaos.scale import worker as scale_worker
 threading.Thread(target=scale_worker._write_events, daemon=True).start()
 started = time.monotonic()
 for i in range(400):  # ~400 KB: a pipe holds 64 KB
@@ -47,7 +47,7 @@ def test_a_participant_emits_at_once_while_the_driver_reads_nothing() -> None:
 
 _EMIT_THEN_STOP = """
 import threading
-from chaos import scale_worker
+from chaos.scale import worker as scale_worker
 writer = threading.Thread(target=scale_worker._write_events)
 writer.start()
 for i in range(3000):
@@ -77,7 +77,7 @@ def test_an_event_loop_worker_lets_the_kernel_gather_its_timers_by_a_fifth_of_a_
     server = StoreProcess.start("127.0.0.1", 0)
     timing = [] if interval is None else ["--heartbeat-interval", str(interval), "--heartbeat-timeout",
                                           str(10 * interval)]
-    process = start_worker("chaos.scale_worker_events",
+    process = start_worker("chaos.scale.worker_events",
                            ["--store", str(server.address), "--job", "slack", "--first", "0", "--count", "2",
                             "--target", "2", *timing], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

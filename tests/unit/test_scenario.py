@@ -219,8 +219,8 @@ def test_overlapping_pauses_of_one_process_end_with_the_last(tmp_path: Path) -> 
     import time
     from types import SimpleNamespace
 
-    from chaos.launchers import Launchers
-    from chaos.run import ChaosRunner
+    from chaos.run.launchers import Launchers
+    from chaos.run.runner import ChaosRunner
 
     def state(pid: int) -> str:
         with open(f"/proc/{pid}/stat") as stat:

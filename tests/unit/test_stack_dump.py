@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 
 FROZEN = """
 import re, sys, threading, time
-from ftcoord import stack_dump
+from ftcoord.host import stack_dump
 stack_dump.install(sys.argv[1], 5)
 
 def beat_forever():

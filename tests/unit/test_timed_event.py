@@ -1,6 +1,6 @@
-"""chaos.timed_event: the event-loop workers' `threading.Event`, whose timed wait that runs out throws nothing.
+"""chaos.scale.timed_event: the event-loop workers' `threading.Event`, whose timed wait that runs out throws nothing.
 
-Run in a process of its own: gevent's monkey patching (chaos.scale_worker_events does it on import) would change
+Run in a process of its own: gevent's monkey patching (chaos.scale.worker_events does it on import) would change
 this test process's threads, sockets and sleeps.
 """
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, threading, time
-import chaos.scale_worker_events  # monkey patches, and installs chaos.timed_event's Event
+import chaos.scale.worker_events  # monkey patches, and installs chaos.scale.timed_event's Event
 import gevent, gevent.event
 from gevent.timeout import Timeout
 
@@ -74,7 +74,7 @@ out["shared_links_left"] = shared.linkcount()
 
 thrown.clear()
 gevent.event.Event().wait(0.01)
-out["thrown_by_gevents"] = len(thrown)  # what the test would see without chaos.timed_event
+out["thrown_by_gevents"] = len(thrown)  # what the test would see without chaos.scale.timed_event
 print(json.dumps(out))
 """
 
@@ -84,7 +84,7 @@ def test_the_event_loop_workers_timed_waits_run_out_without_an_exception_and_wak
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["installed"] == "chaos.timed_event"
+    assert out["installed"] == "chaos.scale.timed_event"
     # Twenty waits that ran out: each False, after its timeout, and not one exception thrown into the greenlet. The
     # first comes after 0.2 s of computing without the loop running: timed from the loop's idea of now, it ran out at
     # once (CI, once: 0.08 ms; every time with the computation).

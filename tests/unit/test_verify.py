@@ -1,6 +1,6 @@
 """The verifier catches what it exists to catch: planted faults in a ledger fail the verdict, by name.
 
-Ledgers here are built from the specification (chaos.expected), as a correct run would write them,
+Ledgers here are built from the specification (chaos.proof.expected), as a correct run would write them,
 then damaged the way a bug or a lost file would damage them.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from chaos.expected import DataExpectation
-from chaos.verify import verify_ledger
+from chaos.proof.expected import DataExpectation
+from chaos.proof.verify import verify_ledger
 from training.ledger import LedgerScan, scan_ledgers
 from training.sampler import ResumableGlobalBatchSampler
 

@@ -1,4 +1,4 @@
-"""chaos.wire_store: the pure-Python TCPStore client sends what torch's client sends, and gets the same answers.
+"""chaos.scale.wire_store: the pure-Python TCPStore client sends what torch's client sends, and gets the same answers.
 
 Both clients talk to a real store server through a proxy that records every byte a client sends; the same
 operations must produce the same bytes (the event-loop participants of `chaos bench --scale` would otherwise measure
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from chaos.wire_store import WireStore
+from chaos.scale.wire_store import WireStore
 from ftcoord.store.address import StoreAddress
 from ftcoord.store.link import StoreLink, is_connection_failure, tcpstore_client
 from ftcoord.store.server import StoreProcess
@@ -155,7 +155,7 @@ def test_a_connection_to_a_server_that_never_answers_fails_within_its_timeout() 
 LOOP_SCRIPT = r"""
 import json, os, socket, sys, time
 from datetime import timedelta
-import chaos.scale_worker_events as events  # monkey patches, as a worker does
+import chaos.scale.worker_events as events  # monkey patches, as a worker does
 import gevent
 import torch.distributed as dist
 from gevent.timeout import Timeout
@@ -196,7 +196,7 @@ print(json.dumps(out))
 
 
 def test_a_wire_client_on_an_event_loop_sends_the_same_and_waits_without_exceptions() -> None:
-    """chaos.scale_worker_events' clients (an operating system's socket, waited on by the event loop: chaos.wire_store)
+    """chaos.scale.worker_events' clients (an operating system's socket, waited on by the event loop: chaos.scale.wire_store)
     send the same bytes and get the same answers as the blocking client; a request larger than the socket's buffers
     goes whole, and its answer comes back whole; a timed wait runs out on time with no exception thrown into its
     greenlet, and leaves the connection in step; a connection shut down under a wait (how a StoreLink cuts one) ends

@@ -1,0 +1,207 @@
+"""The model check: is the run's model what a fault-free run of the same schedule makes?
+
+Every run is checked, whatever happened to its world size. The expected model comes from a
+fault-free run with the same world size at every step: the cached real reference when the run
+kept the reference's size throughout, otherwise `chaos.proof.replay` (the run's own schedule replayed
+in one process). Compared: the final parameters (`final_params.pt`, which must match the digest
+the ranks reported) and every committed step's loss on every rank, so a divergence is named by
+the first step where it shows.
+
+Exact (bit-identical) wherever the arithmetic is fixed: the fixed-order gradient reduction
+(training's default) at any world size, DDP's built-in all-reduce up to 2 ranks. Only a run that
+used the built-in all-reduce with 3+ ranks is compared within `TOLERANCE_RELATIVE_L2`, stated in
+the report. A check that cannot be made is a problem, never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chaos.proof.expected import DataExpectation
+from chaos.proof.lineage import effective_generations
+from chaos.proof.replay import StepPlan, replay
+from chaos.proof.verify import Verdict
+from training.config import TrainConfig
+from training.state import state_digest
+
+TOLERANCE_RELATIVE_L2 = 1e-5
+"""Final parameters this close (L2 of the difference / L2 of the expected) pass when the run's
+arithmetic is not exact (DDP's built-in all-reduce on 3+ ranks). Measured: gloo's summation order
+moves a 3-rank run 1.8e-7 after four faults; a planted bug (one optimizer step applied twice
+after a resume) moves an elastic run 5.8e-2, 5800x the tolerance."""
+LOSS_RELATIVE_TOLERANCE = 1e-4
+
+
+@dataclass
+class ExpectedModel:
+    """A fault-free run's outcome: final digest, parameters and per-step, per-rank losses."""
+
+    source: str
+    """"reference" (the real fault-free run) or "replay"."""
+    digest: str
+    state: dict[str, torch.Tensor] | None
+    losses: dict[int, dict[int, float]]
+    seconds: float = 0.0
+
+
+@dataclass
+class ModelCheck:
+    checked: bool = False
+    bit_identical: bool | None = None
+    exact: bool = True
+    """Whether the run's arithmetic allows a bit-identical comparison (else the tolerance applies)."""
+    tolerance_relative_l2: float | None = None
+    within_tolerance: bool | None = None
+    expected_from: str | None = None
+    first_divergence: dict[str, Any] | None = None
+    param_l2: float | None = None
+    param_l2_relative: float | None = None
+    replay_s: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.checked and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def step_plan(records: list[dict[str, Any]], verdict: Verdict) -> tuple[list[StepPlan], list[str]]:
+    """How the run committed each step: world size, gradient reduction and each rank's threads."""
+    lines: dict[int, dict[int, dict[str, Any]]] = {}
+    effective = effective_generations(records)
+    for r in records:
+        if r["kind"] == "generation":
+            lines.setdefault(r["generation"], {})[r["rank"]] = r
+    plan, problems = [], []
+    for step in range(verdict.steps):
+        if step not in effective:
+            return [], [f"step {step} was never committed"]
+        generation = effective[step]
+        ranks = lines.get(generation, {})
+        world = verdict.schedule[step]
+        reductions = {line.get("grad_reduction") for line in ranks.values()}
+        if len(reductions) != 1 or None in reductions:
+            return [], [f"generation {generation}: its ranks did not record one gradient reduction ({reductions})"]
+        threads = tuple(ranks[r].get("threads", 0) if r in ranks else 0 for r in range(world))
+        if 0 in threads:
+            # a rank without a generation line is already a ledger problem; replay it like rank 0
+            known = [t for t in threads if t]
+            threads = tuple(t or (known[0] if known else torch.get_num_threads()) for t in threads)
+        plan.append(StepPlan(world, reductions.pop(), threads))
+    return plan, problems
+
+
+def run_losses(records: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """Per step, each rank's loss as the generation whose commit of it the final model carries recorded it
+    (chaos.proof.lineage)."""
+    best = effective_generations(records)
+    losses: dict[int, dict[int, float]] = {}
+    for r in records:
+        if r["kind"] == "step" and r["generation"] == best[r["step"]]:
+            losses.setdefault(r["step"], {})[r["rank"]] = r["loss"]
+    return losses
+
+
+def expected_model(config: TrainConfig, plan: list[StepPlan], reference: ExpectedModel | None,
+                   reference_plan: list[StepPlan] | None, expect: DataExpectation | None = None) -> ExpectedModel:
+    """The reference when it ran this very schedule, else a replay of it."""
+    if reference is not None and reference_plan is not None and _same_arithmetic(plan, reference_plan):
+        return reference
+    result = replay(config, plan, expect)
+    losses = {step: dict(enumerate(per_rank)) for step, per_rank in enumerate(result.losses)}
+    return ExpectedModel("replay", result.digest, result.state, losses, result.seconds)
+
+
+def _same_arithmetic(a: list[StepPlan], b: list[StepPlan]) -> bool:
+    return len(a) == len(b) and all(x.world_size == y.world_size and x.reduction == y.reduction
+                                    and x.threads == y.threads for x, y in zip(a, b, strict=True))
+
+
+def exact_arithmetic(plan: list[StepPlan]) -> bool:
+    """Whether a replay of `plan` can match a real run bit for bit (see the module docstring)."""
+    return all(p.reduction == "fixed" or p.world_size <= 2 for p in plan)
+
+
+def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[StepPlan], expected: ExpectedModel,
+                final_params: Path) -> ModelCheck:
+    """Compare the run with the expected model (see the module docstring)."""
+    check = ModelCheck(expected_from=expected.source,
+                       replay_s=round(expected.seconds, 2) if expected.source == "replay" else None)
+    check.exact = exact_arithmetic(plan)
+    if not check.exact:
+        check.tolerance_relative_l2 = TOLERANCE_RELATIVE_L2
+    if not verdict.final_digests:
+        check.problems.append("model not checked: no rank reported its final parameters")
+        return check
+    run_state, problem = read_final_params(final_params, verdict.final_digests)
+    if problem is not None:
+        check.problems.append(problem)
+    check.checked = True
+    check.bit_identical = verdict.final_digests == [expected.digest]
+    if run_state is not None and expected.state is not None:
+        check.param_l2, check.param_l2_relative = parameter_l2(run_state, expected.state)
+    check.first_divergence = _first_divergence(run_losses(records), expected.losses, check.exact)
+    if check.exact:
+        if not check.bit_identical:
+            where = _divergence_text(check.first_divergence)
+            check.problems.append(f"final parameters {verdict.final_digests} differ from the fault-free "
+                                  f"{expected.source} {expected.digest} of the same schedule{where}")
+    else:
+        check.within_tolerance = (check.param_l2_relative is not None
+                                  and check.param_l2_relative <= TOLERANCE_RELATIVE_L2)
+        if not check.within_tolerance:
+            check.problems.append(f"final parameters are {check.param_l2_relative} (relative L2) from the fault-"
+                                  f"free {expected.source}, beyond the tolerance {TOLERANCE_RELATIVE_L2} for "
+                                  f"inexact reductions{_divergence_text(check.first_divergence)}")
+    return check
+
+
+def read_final_params(path: Path, digests: list[str]) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    """Rank 0's final parameters (`final_params.pt`), and why they are not the ranks' own when they are not: the
+    file is missing or unreadable (no parameters then), or holds other parameters than the ranks reported."""
+    if not path.is_file():
+        return None, f"model not fully checked: {path} (rank 0's final parameters) is missing"
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # unreadable evidence is a problem, named
+        return None, f"model not fully checked: {path} cannot be read ({exc})"
+    digest = state_digest(state)
+    if digest not in digests:
+        return state, f"{path.name} holds other parameters than the ranks reported ({digest} vs {digests})"
+    return state, None
+
+
+def parameter_l2(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> tuple[float | None, float | None]:
+    """L2 of the difference of two parameter sets, and that relative to `expected`'s L2 (None, None: other keys)."""
+    if run.keys() != expected.keys():
+        return None, None
+    total = sum(float((run[k].double() - expected[k].double()).pow(2).sum()) for k in expected)
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in expected.values()))
+    return round(math.sqrt(total), 10), (float(f"{math.sqrt(total) / norm:.3g}") if norm else None)
+
+
+def _first_divergence(run: dict[int, dict[int, float]], expected: dict[int, dict[int, float]],
+                      exact: bool) -> dict[str, Any] | None:
+    for step in sorted(expected):
+        for rank, want in sorted(expected[step].items()):
+            got = run.get(step, {}).get(rank)
+            if got is None:
+                continue  # a missing record is the ledger check's problem
+            same = got == want if exact else abs(got - want) <= LOSS_RELATIVE_TOLERANCE * max(abs(want), 1e-12)
+            if not same:
+                return {"step": step, "rank": rank, "loss": got, "expected_loss": want}
+    return None
+
+
+def _divergence_text(divergence: dict[str, Any] | None) -> str:
+    if divergence is None:
+        return ""
+    return (f"; the losses first differ at step {divergence['step']} (rank {divergence['rank']}: "
+            f"{divergence['loss']!r} vs {divergence['expected_loss']!r})")

@@ -1,0 +1,114 @@
+"""The model check's reference: the run's own schedule, replayed in one process without faults.
+
+A fault-free run of the same world sizes cannot be had from real processes without a planned
+re-formation at every size change, and a re-formation goes through the very resume paths a check
+must not trust. So the replay computes, step by step, what W data-parallel ranks compute:
+
+    for each rank r: buffers as committed; torch.manual_seed(derive_seed(seed, "step", s, r));
+                     the rank's shard (chaos.proof.expected); forward, backward -> g_r; the loss
+    buffers <- rank 0's after its forward (training.buffers: what DDP's next forward would do)
+    grad <- reduce(g_0 .. g_{W-1})  (training.reduction: the run's own arithmetic)
+    optimizer.step(); scheduler.step()
+
+with the world size W of the step as the run committed it, the run's gradient reduction and the
+run's intra-op thread count (a matmul may round differently with another). With the fixed-order
+reduction this is bit-identical to real DDP at any world size: `chaos.report.reference` proves it for
+every reference it builds (the replay of the constant schedule must equal the real fault-free
+run, bit for bit), so a faithful replay is checked, not assumed. It shares with the run only the
+model, optimizer and dataset constructors and the reduction arithmetic, never the training loop,
+the heal or the checkpoint code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from chaos.proof.expected import DataExpectation
+from training.config import TrainConfig
+from training.data import collate
+from training.models import build_model
+from training.reduction import reduce_in_rank_order, reduce_like_ddp_allreduce
+from training.sampler import ResumableGlobalBatchSampler, derive_seed
+from training.state import TrainState, build_optimizer, build_scheduler
+
+REDUCERS = {"fixed": reduce_in_rank_order, "allreduce": reduce_like_ddp_allreduce}
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How the run committed one step."""
+
+    world_size: int
+    reduction: str = "fixed"
+    threads: tuple[int, ...] = ()
+    """Intra-op threads of each rank (empty: this process's setting)."""
+
+
+@dataclass
+class ReplayResult:
+    digest: str
+    """Same digest as `TrainState.digest()` of the run's ranks."""
+    state: dict[str, torch.Tensor]
+    losses: list[list[float]] = field(default_factory=list)
+    """Per step, each rank's loss."""
+    seconds: float = 0.0
+
+
+def replay(config: TrainConfig, plan: list[StepPlan], expect: DataExpectation | None = None) -> ReplayResult:
+    """Train `len(plan)` steps as the plan says (see the module docstring)."""
+    started = time.perf_counter()
+    threads_before = torch.get_num_threads()
+    expect = expect or DataExpectation(config.dataset, config.global_batch, config.seed)
+    dataset = expect.dataset
+    model = build_model(config.model, tuple(dataset[0][0].shape), dataset.classes, config.seed)  # type: ignore[attr-defined]
+    optimizer = build_optimizer(config, model)
+    state = TrainState(model, optimizer, build_scheduler(config, optimizer),
+                       ResumableGlobalBatchSampler(expect.size, config.global_batch, config.seed))
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = [b for b in model.buffers() if b.numel()]
+    model.train()
+    losses: list[list[float]] = []
+    try:
+        for step, how in enumerate(plan):
+            committed = [b.detach().clone() for b in buffers]
+            grads: list[list[torch.Tensor]] = []
+            step_losses: list[float] = []
+            after_rank0: list[torch.Tensor] = []
+            for rank in range(how.world_size):
+                if how.threads:
+                    torch.set_num_threads(how.threads[rank])
+                with torch.no_grad():
+                    for buffer, kept in zip(buffers, committed, strict=True):
+                        buffer.copy_(kept)
+                torch.manual_seed(derive_seed(config.seed, "step", step, rank))
+                ids = expect.shard(step, rank, how.world_size)
+                if ids is None:
+                    raise ValueError(f"step {step}: world size {how.world_size} cannot split global batch "
+                                     f"{config.global_batch}")
+                x, y, _ = collate(dataset, torch.tensor(ids, dtype=torch.int64))
+                for p in params:
+                    p.grad = None
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+                step_losses.append(loss.item())
+                if rank == 0:
+                    after_rank0 = [b.detach().clone() for b in buffers]
+            with torch.no_grad():
+                for buffer, value in zip(buffers, after_rank0, strict=True):
+                    buffer.copy_(value)
+            reduce = REDUCERS[how.reduction]
+            for i, p in enumerate(params):
+                p.grad = reduce([g[i] for g in grads], how.world_size)
+            optimizer.step()
+            state.scheduler.step()
+            losses.append(step_losses)
+    finally:
+        torch.set_num_threads(threads_before)
+    state.step = len(plan)
+    return ReplayResult(state.digest(), {k: v.detach().clone() for k, v in model.state_dict().items()}, losses,
+                        time.perf_counter() - started)

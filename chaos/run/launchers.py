@@ -1,0 +1,165 @@
+"""Starting and stopping a scenario's launchers: one `ftcoord-launch` per node.
+
+A run's launchers and ranks run this checkout's `ftcoord` and `training` (chaos.own_code: `python -P -m`, this checkout
+first on PYTHONPATH), wherever `chaos run` was started from: a run started in a directory that holds another
+checkout tested that one's ranks against this one's verifier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.machine_env import machine_env
+from chaos.own_code import checkout_command, own_code_env
+from chaos.run.inject import MARKER_DIR_ENV, PLAN_ENV
+from chaos.scenario import JobSpec
+from ftcoord.launcher.children_env import omp_threads_per_process
+from training.checkpoint.atomic import CRASH_ENV
+from training.planted import PLANTED_BUG_ENV
+
+
+def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
+    """The `python -m training` command line of one rank of this job."""
+    args = ["--steps", str(job.steps), "--global-batch", str(job.global_batch), "--model", job.model,
+            "--dataset", job.dataset, "--seed", str(job.seed), "--lr", str(job.lr), "--optimizer", job.optimizer,
+            "--step-time", str(job.step_time), "--sample-time", str(job.sample_time),
+            "--min-world-size", str(job.min_world_size), "--grad-reduction", job.grad_reduction,
+            "--heartbeat-interval", str(job.heartbeat_interval), "--heartbeat-timeout", str(job.heartbeat_timeout),
+            "--join-timeout", str(job.join_timeout), "--pg-timeout", str(job.pg_timeout),
+            "--hook", "chaos.run.inject:hook"]
+    if job.progress_timeout:
+        args += ["--progress-timeout", str(job.progress_timeout)]
+    if ckpt_dir is not None and job.ckpt_strategy != "none":
+        args += ["--ckpt-dir", str(ckpt_dir), "--ckpt-strategy", job.ckpt_strategy, "--ckpt-every", str(job.ckpt_every)]
+    return args
+
+
+@dataclass
+class Node:
+    index: int
+    slots: list[int]
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    partitioned: bool = False
+    """Stopped for good by a partition fault (its processes still exist)."""
+
+
+CRASH_LOOP_RESTARTS = 20
+"""Restarts of one slot a launcher allows beyond those the scenario's own faults cause: the net that stops a crash
+loop (a rank that dies at every start), never one a schedule of planned deaths runs into."""
+
+
+class Launchers:
+    """The launchers of one run: start, preempt (SIGTERM), lose (SIGKILL everything), partition (SIGSTOP everything)
+    and restart."""
+
+    def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
+                 output: Path, reference: bool = False, faults: int = 0) -> None:
+        """`faults`: how many faults the scenario plans (each may cost a slot one restart; a fixed 20 stopped a
+        schedule that killed one slot 21 times, its launcher exiting 3 with 'restarts exhausted')."""
+        self.job, self.store, self.job_id, self.out = job, store, job_id, out
+        self.max_restarts = CRASH_LOOP_RESTARTS + faults
+        self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
+        self.env = own_code_env(machine_env(**{PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)}))
+        # The "nodes" share this machine: split its cores over all ranks, not per launcher.
+        self.env.setdefault("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))
+        if crash:
+            self.env[CRASH_ENV] = crash
+        if reference:
+            self.env.pop(PLANTED_BUG_ENV, None)  # a reference is what a correct run makes: never a planted bug
+        self.output = output.open("ab")
+
+    def command(self, node: Node) -> list[str]:
+        job = self.job
+        launcher = ["--store", self.store, "--job-id", self.job_id, "--nproc", str(len(node.slots)),
+                    "--first-slot", str(node.slots[0]), "--world-size", str(job.nproc),
+                    "--spares", str(job.spares if node.index == 0 else 0), "--warm-standby", str(job.warm_standby),
+                    "--restart-policy", job.restart_policy, "--max-restarts", str(self.max_restarts), "--grace", "30",
+                    "--log-dir", str(self.out / "logs")]
+        return checkout_command("ftcoord.launcher.main", [*launcher, "--", *checkout_command("training", training_args(
+            job, self.out / "ckpt"))])
+
+    def start(self, node: Node) -> None:
+        if node.partitioned:  # the old machine is powered off before a new one takes its place
+            self.kill(node)
+            node.partitioned = False
+        node.process = subprocess.Popen(self.command(node), env=self.env, stdout=self.output,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        node.starts += 1
+
+    def start_all(self) -> None:
+        for node in self.nodes:
+            self.start(node)
+
+    def node_of(self, slot: int) -> Node:
+        """The node that runs `slot` (JobSpec.node_of: a hot spare's is the first; a lose of a spare's slot stopped the
+        run with a bare StopIteration)."""
+        return self.nodes[self.job.node_of(slot)]
+
+    def standby_of(self, node: Node) -> int | None:
+        """The pid of the node's warm standby (its launcher's child that runs ftcoord.launcher.standby_template); None when it has none
+        running."""
+        if node.process is None or node.process.poll() is not None:
+            return None
+        for children in Path(f"/proc/{node.process.pid}/task").glob("*/children"):
+            for pid in children.read_text().split():
+                with contextlib.suppress(OSError):
+                    if b"ftcoord.launcher.standby_template" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                        return int(pid)
+        return None
+
+    def kill(self, node: Node) -> None:
+        """The node is lost: its launcher and every process it started die at once."""
+        if node.process is not None and node.process.poll() is None:
+            try:
+                os.killpg(node.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            node.process.wait()
+
+    def stop(self, node: Node) -> None:
+        """The node stops answering for good (a partition): its launcher and every process it started are stopped,
+        their connections left open, as a peer sees a node that lost power or its network."""
+        if node.process is not None and node.process.poll() is None:
+            try:
+                os.killpg(node.process.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+            node.partitioned = True
+
+    def resume(self, node: Node) -> None:
+        """A partition heals: the node's launcher and processes run on, from where they were stopped."""
+        if node.partitioned and node.process is not None and node.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.process.pid, signal.SIGCONT)
+        node.partitioned = False
+
+    def partitioned_groups(self) -> set[int]:
+        """The process groups that a partition holds stopped (a node's launcher leads its node's group)."""
+        return {node.process.pid for node in self.nodes if node.partitioned and node.process is not None}
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            self.kill(node)
+
+    def terminate_all(self) -> None:
+        """Preemption: SIGTERM to every launcher (they forward it to their ranks)."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+
+    def running(self) -> list[Node]:
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None and not n.partitioned]
+
+    def exit_codes(self) -> dict[int, int | None]:
+        return {n.index: (n.process.returncode if n.process else None) for n in self.nodes}
+
+    def close(self) -> None:
+        self.kill_all()
+        self.output.close()
