@@ -22,6 +22,9 @@ def register(store: dist.Store, slot: int) -> int:
     Returns the incarnation: it tells a restarted process apart from its ghost.
     """
     incarnation = int(store.add(keys.incarnation(slot), 1))
+    # A slot's progress describes its newest incarnation: the one before may have stood still for long (it was
+    # stuck, then fenced), and until this process's heartbeat publishes, that stillness would read as its own.
+    store.set(keys.progress(slot), "0")
     for key in ZERO_KEYS:
         store.compare_set(key(slot), "", "0")
     store.add(keys.heartbeat(slot), 1)

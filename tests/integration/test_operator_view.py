@@ -18,9 +18,12 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
 from chaos.report.metrics import read_logs
-from ftcoord import StoreServer
+from ftcoord import StoreServer, connect, job_store
+from ftcoord.observe.job_view import JobReader, JobView
+from ftcoord.observe.render import render
 from tests.helpers.cluster import REPO
 from tests.helpers.runs import AllreduceRun, launch
 from tests.helpers.script_runs import ScriptRun
@@ -189,25 +192,31 @@ def free_port() -> int:
 def test_status_shows_where_a_stuck_training_thread_stands_before_it_is_fenced(store_server: StoreServer, job_id: str,
                                                                                 tmp_path: Path) -> None:
     """Slot 1's training thread sticks at step 20 (its heartbeat runs on; progress_timeout 8 s). Half the timeout
-    later `ftcoord status` shows where it stands (ftcoord.liveness.still_stack), before the leader fences it and its launcher's
-    SIGKILL leaves nothing to ask; slot 0, waiting on it in the all-reduce, is not shown. Its log has the stack."""
+    later the job's view (what `ftcoord status` prints) shows where it stands (ftcoord.liveness.still_stack), before the
+    leader fences it and its launcher's SIGKILL leaves nothing to ask; slot 0, waiting on it in the all-reduce, is not
+    shown. Its log has the stack. The order is asserted on the events' own times, not on when this test looked."""
     store = store_server.address
     proc = launch(tmp_path, store, job_id, "--steps", "400", "--stall-at", "1:20", "--progress-timeout", "8", nproc=2)
     try:
         run = AllreduceRun(tmp_path)
         wait_until(lambda: run.events("fault"), 60, "slot 1 to stall")
+        reader = JobReader(job_store(connect(store), job_id), job_id)
 
-        def still() -> dict[int, str]:
-            return {s["slot"]: s["still_at"] for s in status_json(store, job_id)["slots"] if s.get("still_at")}
+        def still() -> tuple[JobView, dict[int, str]] | None:
+            view = reader.read()
+            shown = {s.slot: s.still_at for s in view.slots if s.still_at}
+            return (view, shown) if shown else None
 
-        shown = wait_until(still, 30, "ftcoord status to show where slot 1 stands")
+        view, shown = wait_until(still, 30, "the job's view to show where slot 1 stands")
         assert list(shown) == [1] and shown[1].endswith(" in train") and "allreduce_job.py:" in shown[1], shown
-        text = status(store, "--job", job_id).stdout
+        console = Console(record=True, width=80)
+        console.print(render(view))
+        text = console.export_text()
         assert "standing still" in text and "helpers/allreduce_job.py" in text, text
-        assert not run.logs("member_declared_dead"), "fenced before status showed where it stood"
-        (logged,) = run.logs("training_thread_still")
+        (logged,) = wait_until(lambda: run.logs("training_thread_still"), 30, "slot 1's log of its still stack")
         assert logged["slot"] == 1 and logged["at"] == shown[1] and "time.sleep(3600)" in logged["stack"], logged
         declared = wait_until(lambda: run.logs("member_declared_dead"), 60, "the leader to fence slot 1")
         assert [(e["slot"], e["reason"]) for e in declared] == [(1, "hung")], declared
+        assert logged["mono"] < declared[0]["mono"], "fenced before it published where it stood"
     finally:
         proc.kill()

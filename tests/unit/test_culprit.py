@@ -152,6 +152,25 @@ def test_an_outsiders_stillness_is_measured_from_when_it_is_seen_outside_again(s
     assert set(judgement.fenced) == {(2, 1)}
 
 
+def test_a_replacement_not_beating_yet_is_not_judged_by_its_predecessors_progress(store_server: StoreServer,
+                                                                                   job_id: str) -> None:
+    """Slot 2's stuck process was fenced and killed; its replacement registered (a new incarnation) but its heartbeat
+    has not published yet (it is still starting: a busy machine, a slow connection). The slot's facts must not show
+    the dead process's progress as the replacement's: read still for the progress timeout, that replacement would be
+    fenced as stuck outside before it ever trained (CI: the stuck slot judged twice)."""
+    store = job_store(connect(store_server.address), job_id)
+    judgement = judge(store_server, job_id)
+    assert register(store, 2) == 1
+    store.set(keys.progress(2), "40/20@3,4")  # the stuck process: 40 pings, step 20, still 3 s in generation 4
+    assert register(store, 2) == 2  # its replacement, not beating yet
+    facts = read_facts(store, [2])
+    assert facts[2].incarnation == 2 and facts[2].progress == 0, facts[2]
+    t0 = time.monotonic()
+    for read_at in (t0, t0 + PROGRESS_TIMEOUT + 0.1, t0 + 2 * PROGRESS_TIMEOUT + 0.2):
+        judgement.fence_stuck_outsiders(running(4, [0, 1]), read_facts(store, [2]), read_at, 5, term=1)
+    assert not judgement.fenced, "a replacement was fenced as stuck for its predecessor's stillness"
+
+
 def test_the_leader_remembers_one_fence_per_slot(store_server: StoreServer, job_id: str) -> None:
     """A fence is remembered so it is written once; a newer incarnation's fence replaces the older one's (that process
     is gone), so a leader's memory of fences stays one entry per slot over a long job."""
