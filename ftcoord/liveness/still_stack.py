@@ -1,21 +1,12 @@
 """Where a still training thread stands: its stack, logged once, before the leader can fence it.
 
-A rank whose training thread stands still for progress_timeout, not waiting on its peers, is fenced as hung, and its
-launcher SIGKILLs it at once: nothing of the process is left to ask where it was (a CI run once saw both ranks of a
-job stand still at their first step for 24 s, fenced, with no clue where). So the heartbeat thread, which looks at
-the training thread's frames once it stood still anyway (the `:w` flag), logs that thread's stack once it stood still
-for half the progress timeout without waiting on its peers: `training_thread_still`, with `at` (the innermost frame,
-`path:line in function`) and `stack` (the whole of it, as a traceback prints it; structlog's console renders it
-below the line), `thread` (the kernel's view of it: computing, or asleep and in which kernel function, and its CPU
-time: a stack ends at the innermost Python frame, and a thread stuck in native code under it, a matmul waiting on a
-lock say, looks no different from one computing there), and `ftcoord status` shows `at` until the thread moves.
-Once per stillness: the next one is logged after the thread moved again. A peer blocked in a collective with the
-culprit waits on it and logs nothing; neither does a thread inside ftcoord's join or finish (`waits_on_peers`, which
-the leader's culprit rule reads too).
-
-Half the timeout, not the timeout itself: the fence follows the timeout within a beat, and the stack must be in the
-log before the kill. A thread still that long is worth a line even when it is never fenced (a long evaluation with
-no `call.ping()` in it is one the leader would fence at the timeout).
+A rank whose training thread stands still for progress_timeout, not waiting on its peers, is fenced as hung and its
+launcher SIGKILLs it at once, leaving nothing to ask where it was. So the heartbeat thread logs that thread's stack
+once it stood still for half the progress timeout without waiting on its peers (the fence follows the timeout within
+a beat, and the stack must be in the log before the kill): `training_thread_still`, with `at` (the innermost frame),
+`stack`, and `thread` (the kernel's view: in its stack, a thread stuck in native code looks like one computing
+there); `ftcoord status` shows `at` until the thread moves. Once per stillness. A thread that waits on its peers, in
+a collective or in ftcoord's join or finish (`waits_on_peers`, which the leader's culprit rule reads too), logs none.
 """
 
 from __future__ import annotations
@@ -35,9 +26,9 @@ WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/paralle
 """Where a training thread sits while it waits for its peers in a collective: among its innermost frames."""
 WAITING_DEPTH = 4
 """How many of the innermost frames are looked at for those: a collective's call is within the first few."""
-JOINING_MODULE = "/ftcoord/generation.py"
+JOINING_MODULE = "/ftcoord/wrapper/generation_client.py"
 """ftcoord's join of a generation, and its finish (waiting for the others to finish): anywhere in the stack, as the
-store's wait is several frames below it (store_link, store) and no user code runs under it."""
+store's wait is several frames below it (ftcoord.store.client, ftcoord.store.link) and no user code runs under it."""
 STACK_FRAMES = 40
 """The innermost frames logged: enough for a training loop inside a framework's, bounded for the log line."""
 
@@ -47,9 +38,9 @@ def waits_on_peers(frame: FrameType | None) -> bool:
     autograd, DDP) or in ftcoord's join or finish?
 
     When one rank is stuck, its peers block in their next collective and stop pinging too; this tells the leader
-    which of the still ranks is the culprit. The join was looked for among the innermost 4 frames only, where it never
-    is (its wait is in the store client, three frames below): a spare waiting for its generation was logged as still,
-    and a member that finished and waited for the others was no different from a stuck one to the leader.
+    which of the still ranks is the culprit. The join is looked for anywhere in the stack (JOINING_MODULE): its wait
+    is in the store client, frames below it, so a spare waiting for its generation, or a member that finished and
+    waits for the others, is not taken for a stuck one.
     """
     depth = 0
     while frame is not None:

@@ -162,7 +162,8 @@ def test_each_simulated_host_is_scheduled_on_its_own_and_a_stragglers_threads_ca
             swarm.wait_for(lambda: swarm.everyone_in(0, set(range(6))) is not None, 120, "6 participants formed")
             found = swarm.stacks([3])
             assert found["state-3"]["generation"] >= 1 and found["state-3"]["fired"] is False, found["state-3"]
-            assert any("monitor.py" in frame for frame in found["ftcoord-monitor-3"]), found["ftcoord-monitor-3"]
+            watch = found["ftcoord-monitor-3"]
+            assert any("interrupt_watch.py" in frame for frame in watch), watch
             assert "sim-trainer-3" in found and not any(name.endswith("-2") for name in found), sorted(found)
         finally:
             swarm.close()
