@@ -1,4 +1,11 @@
-"""Timing knobs of the coordination protocol, with their defaults in one place."""
+"""Timing and quorum settings of the coordination protocol, with their defaults and invariants in one place.
+
+`Timing` says how fast faults are noticed and how long joiners are awaited; the intervals derived from its
+fields (the leader's tick, probe grace, progress and store-operation timeouts) are properties of it, so they follow
+the fields a job sets. `QuorumPolicy` says which world sizes a generation may have. Both check their invariants
+when built and refuse a bad value with a ConfigError that names it. FENCE_POLL_S and FENCE_ANSWER_S say how often
+launchers read fences and how long the leader waits for their answer.
+"""
 
 from __future__ import annotations
 
@@ -26,15 +33,15 @@ class Timing:
     heartbeat_interval: float = 0.5
     """Seconds between two heartbeats of one process."""
     heartbeat_timeout: float = 5.0
-    """A process whose heartbeat counter did not change for this long is dead."""
+    """Seconds: a process whose heartbeat counter did not change for this long is dead."""
     join_timeout: float = 3.0
-    """Last call: how long the leader waits for missing live slots before a partial quorum."""
+    """Seconds: the last call, how long the leader waits for missing live slots before a partial quorum."""
     barrier_timeout: float = 120.0
-    """Too few joiners after this long fails the generation with a clear error."""
+    """Seconds: too few joiners after this long fails the generation with a clear error."""
     connect_timeout: float = 30.0
-    """Total deadline for reaching the store server (with backoff)."""
+    """Seconds: the total deadline for reaching the store server (with backoff)."""
     store_timeout: float = 300.0
-    """How long a running process rides through a store that went away (reconnecting, training on) before
+    """Seconds: how long a running process rides through a store that went away (reconnecting, training on) before
     it gives up: an emergency checkpoint and exit code 75 (ftcoord.store.link)."""
 
     def __post_init__(self) -> None:
@@ -84,16 +91,20 @@ class Timing:
         return 12 * self.heartbeat_timeout
 
     def progress_timeout_below(self, pg_timeout: float) -> float:
-        """The default progress timeout of a job whose collectives time out after `pg_timeout` seconds:
-        default_progress_timeout, and at most two thirds of pg_timeout. A member stuck in its step is then fenced
-        as the culprit (its launcher kills it, its peers' collective fails at once: one generation change, its slot
-        replaced) before gloo times its peers out: the leader sees its stillness up to a publish interval late
-        (ftcoord.wrapper.participant._publish_every: 10 heartbeat intervals, a quarter of this timeout at most), and the
-        fence takes a tick and the launcher's poll, all within the third left. At the defaults both were 60 s, and
-        gloo often came first: every peer raised, the stuck process, alive, was awaited join_timeout and left out,
-        and its slot stood empty until it was fenced as an outsider, another progress_timeout later (random schedule
-        seed 33042 at the default timing: 63 s and a spare's seat where 44 s and a replacement). Anything that takes
-        longer than pg_timeout while its peers wait in a collective fails them anyway."""
+        """The default progress timeout of a job whose collectives time out: default_progress_timeout, and at most
+        two thirds of `pg_timeout`.
+
+        A member stuck in its step must be fenced as the culprit (its launcher kills it, its peers' collective fails
+        at once: one generation change, its slot replaced) before gloo times its peers out; otherwise every peer
+        raises, the stuck process is left out alive, and its slot stands empty until it is fenced as an outsider,
+        another progress timeout later. The leader sees stillness up to a publish interval late
+        (ftcoord.wrapper.participant.Participant._publish_every: a quarter of this timeout at most), and the fence
+        takes a tick and the launcher's poll: all within the third left. Anything that takes longer than pg_timeout
+        while its peers wait in a collective fails them anyway.
+
+        Args:
+            pg_timeout: the process group's collective timeout (gloo's), in seconds.
+        """
         return min(self.default_progress_timeout, 2 * pg_timeout / 3)
 
     @property
@@ -127,9 +138,13 @@ class QuorumPolicy:
     """
 
     target_world_size: int
+    """The world size the job is launched for and grows back to (>= 1)."""
     min_world_size: int = 1
+    """The smallest world size a generation may run with (1 to target_world_size; default 1)."""
     max_world_size: int | None = None
+    """The largest world size a generation may run with (>= target_world_size); None: target_world_size."""
     global_batch: int | None = None
+    """The job's constant global batch, in samples: only its divisors are admitted; None: any size."""
 
     def __post_init__(self) -> None:
         if self.target_world_size < 1:
@@ -162,7 +177,11 @@ class QuorumPolicy:
         return self.max_world_size if self.max_world_size is not None else self.target_world_size
 
     def accepts(self, world_size: int) -> bool:
-        """Whether a generation of this size may run."""
+        """Whether a generation of this size may run.
+
+        Args:
+            world_size: the number of members a generation would have.
+        """
         if not self.min_world_size <= world_size <= self.limit:
             return False
         return self.global_batch is None or self.global_batch % world_size == 0

@@ -1,18 +1,12 @@
 """Named points of the protocol where a test can pause a thread or a whole process.
 
-Safety under pauses (SIGSTOP, a cgroup freeze, swapping, a long GC, a debugger) is shown by
-reproducing each interleaving, not by arguing about it. The protocol calls `reached(NAME)` at
-the points where a pause is dangerous; unarmed (the normal case) that is one test of a
-module-level boolean.
-
-Two ways to arm a point:
-- a process: `FTCOORD_PAUSE_AT=NAME[@SLOT][,...]` in its environment (NAME@SLOT: only in the process
-  of that slot) and `FTCOORD_PAUSE_MARKERS=DIR`. The first process to reach the point SIGSTOPs itself
-  (a real stop: every thread halts, as under a cgroup freeze) after writing its pid to DIR/NAME;
-  the point fires once per DIR, so a replacement does not stop again. The test continues the
-  process with SIGCONT, or kills it.
-- a thread, in-process (unit tests with threads against a real store): `hold(NAME)` returns a
-  Gate; the first thread to reach NAME blocks there until `gate.release()`.
+Safety under pauses (SIGSTOP, a cgroup freeze, swapping, a long GC, a debugger) is shown by reproducing each
+interleaving, not by arguing about it. The protocol calls `reached(NAME)` at each point where a pause is
+dangerous; unarmed (the normal case) that is one test of a module-level boolean. A point is armed
+- for a process, by PAUSE_AT_ENV and MARKERS_ENV in its environment: the first process to reach it writes its
+  pid to the markers directory and SIGSTOPs itself (every thread halts); the test sends SIGCONT, or kills it;
+- for a thread, in-process (unit tests with threads against a real store), by `hold(NAME)`: the first thread
+  to reach NAME blocks there until the Gate's `release()`.
 """
 
 from __future__ import annotations
@@ -23,7 +17,10 @@ import threading
 from dataclasses import dataclass, field
 
 PAUSE_AT_ENV = "FTCOORD_PAUSE_AT"
+"""`NAME[@SLOT][,...]`: the points at which this process stops itself (NAME@SLOT: only the process of that slot)."""
 MARKERS_ENV = "FTCOORD_PAUSE_MARKERS"
+"""A directory: a process that stops at NAME first writes its pid to DIR/NAME, so a point fires once per
+directory (a replacement does not stop again). Unset: each process armed for the point stops there once."""
 
 # The points (each is named where it is reached).
 LEADER_CHECKED = "leader.after_leadership_check"
@@ -50,9 +47,11 @@ class Gate:
     thread: str | None = None
 
     def wait_reached(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a thread to reach the point; True when one did."""
         return self.reached.wait(timeout)
 
     def release(self) -> None:
+        """Let the paused thread go on, and disarm the point (unless a newer hold() armed it again)."""
         self.released.set()
         if _gates.get(self.name) is self:  # a newer hold() of the same point stays armed
             del _gates[self.name]

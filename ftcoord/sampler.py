@@ -1,28 +1,12 @@
 """ElasticBatchSampler: a data position that heals and re-shards, for a user's own DataLoader loop.
 
-A stock `DistributedSampler` has no state: after a fault a loop restarts its epoch from the first
-batch (or reloads an older snapshot), training part of the epoch twice, and it cannot re-shard what
-is left of an epoch when the world size changes. This batch sampler keeps the position as the
-number of samples of the epoch's permutation that committed steps consumed, **globally**:
-
-- the epoch's order is a permutation of the dataset from (seed, epoch), the same on every rank
-  (as DistributedSampler's `randperm` with `seed + epoch`);
-- each step takes the next `batch_size * world_size` samples of it (a *global batch*); rank r gets
-  the r-th contiguous share. The world size is read from the current process group each time an
-  iteration starts, so after a generation change the rest of the epoch is re-sharded over the new
-  members: every remaining sample is trained once, by exactly one rank;
-- an epoch's last global batch may be short: it is shared out as evenly as possible (shares differ
-  by one at most). A remainder smaller than the world size would leave a rank with nothing to train
-  (and its peers waiting for it in the all-reduce), so it joins the global batch before it instead.
-  Only when the whole rest of an epoch is smaller than the world size (the world grew at its very end)
-  is it skipped; `skipped` names those samples;
-- `step()` after each committed step advances the position; `state_dict()`/`load_state_dict()` carry
-  (epoch, consumed, seed, size), so `call.heal({... "data": sampler}, step=...)` brings every member
-  to the same position, survivors and replacements alike.
-
-Use it as the DataLoader's `batch_sampler` (it decides batch sizes, which differ on a short last
-batch): `DataLoader(dataset, batch_sampler=ElasticBatchSampler(len(dataset), batch_size=32))`. Data
-loader workers may prefetch ahead: the position moves only on `step()`.
+Unlike a stateless `DistributedSampler`, it keeps the position as the number of samples of the epoch's
+permutation that committed steps consumed, over all ranks. Each step takes the next `batch_size * world_size`
+samples (a global batch); rank r gets the r-th contiguous share. The world size is read from the current process
+group each time an iteration starts, so after a generation change the rest of the epoch is re-sharded over the
+new members: every remaining sample is trained once, by exactly one rank. Its state_dict carries the position,
+so `call.heal({..., "data": sampler}, step=...)` brings every member to the same position, survivors and
+replacements alike.
 """
 
 from __future__ import annotations
@@ -35,7 +19,23 @@ import torch.distributed as dist
 
 
 class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """This rank's share of each global batch of the epoch's rest; see the module docstring."""
+    """This rank's share of each global batch of the rest of the epoch: a DataLoader's `batch_sampler`.
+
+    `DataLoader(dataset, batch_sampler=ElasticBatchSampler(len(dataset), batch_size=32))`: it decides the batch
+    sizes, which differ on a short last batch. The epoch's order is a permutation of the dataset drawn from
+    (seed, epoch), the same on every rank (as DistributedSampler's `randperm` with `seed + epoch`). An epoch's last
+    global batch may be short: it is shared out as evenly as possible (shares differ by one at most). A remainder
+    smaller than the world size would leave a rank with nothing to train (and its peers waiting for it in the
+    all-reduce), so it joins the global batch before it. Only when the whole rest of an epoch is smaller than the
+    world size (the world grew at its very end) is it skipped; `skipped` names those samples. The position moves
+    only on `step()`, so DataLoader workers may prefetch ahead.
+
+    Args:
+        size: the number of samples in the dataset (>= 1).
+        batch_size: the samples each rank trains per step in a full global batch (>= 1).
+        shuffle: True (default): a new permutation each epoch; False: the dataset's order every epoch.
+        seed: the base of every epoch's permutation (default 0); must be the same on every rank.
+    """
 
     def __init__(self, size: int, batch_size: int, *, shuffle: bool = True, seed: int = 0) -> None:
         if size < 1 or batch_size < 1:
@@ -51,13 +51,23 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` at its first sample, or keep the position when it is the epoch already in progress
-        (a loop that resumes calls `set_epoch(sampler.epoch)` again)."""
+        (a loop that resumes calls `set_epoch(sampler.epoch)` again).
+
+        Args:
+            epoch: the epoch to train, counted from 0.
+        """
         if epoch != self.epoch:
             self.epoch, self.consumed = epoch, 0
 
     def step(self, world_size: int | None = None) -> None:
-        """One step committed on every rank: the position moves past its global batch (`world_size`:
-        the current process group's unless given)."""
+        """One step committed on every rank: the position moves past its global batch.
+
+        Args:
+            world_size: the number of ranks that took part in the step; None: the current process group's.
+
+        Raises:
+            RuntimeError: the epoch has no sample left to consume.
+        """
         size = self._next_global_batch(world_size or self._world()[1])
         if not size:
             raise RuntimeError(f"ElasticBatchSampler.step(): epoch {self.epoch} has no sample left to consume")
@@ -69,13 +79,27 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self.epoch_done_at(self._world()[1])
 
     def epoch_done_at(self, world_size: int) -> bool:
+        """Whether no step is left in this epoch at a given world size.
+
+        Args:
+            world_size: the number of ranks that would share the next global batch.
+        """
         return not self._next_global_batch(world_size)
 
     def state_dict(self) -> dict[str, Any]:
+        """The position (epoch, consumed) and what must match to load it (seed, size, shuffle)."""
         return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "size": self.size,
                 "shuffle": self.shuffle}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Move to the position of `state`.
+
+        Args:
+            state: a `state_dict()` of a sampler built with the same size, seed and shuffle.
+
+        Raises:
+            ValueError: `state` comes from a sampler built another way.
+        """
         if (state["size"], state["seed"], state["shuffle"]) != (self.size, self.seed, self.shuffle):
             raise ValueError(f"ElasticBatchSampler: a state for size={state['size']} seed={state['seed']} "
                              f"shuffle={state['shuffle']} cannot be loaded into size={self.size} seed={self.seed} "
@@ -85,7 +109,11 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
     # -- order -----------------------------------------------------------------------------------
 
     def permutation(self, epoch: int | None = None) -> list[int]:
-        """The order of an epoch's samples (the same on every rank)."""
+        """The order of an epoch's samples (the same on every rank).
+
+        Args:
+            epoch: the epoch whose order to give; None: the current one.
+        """
         epoch = self.epoch if epoch is None else epoch
         if not self.shuffle:
             return list(range(self.size))
@@ -124,7 +152,14 @@ class ElasticBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self.batches(*self._world())
 
     def batches(self, rank: int, world: int) -> Iterator[list[int]]:
-        """The rank's share of each global batch from the current position (what iterating yields)."""
+        """The rank's share of each global batch from the current position (what iterating yields).
+
+        When the rest of the epoch is smaller than `world`, nothing is yielded and `skipped` names that rest.
+
+        Args:
+            rank: this process's rank, 0 to world - 1.
+            world: the number of ranks that share each global batch.
+        """
         order = self.permutation()
         start = self.consumed
         sizes = self._global_batches(world)

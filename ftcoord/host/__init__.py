@@ -1,4 +1,4 @@
-"""What this machine's kernel holds and says: processes, their threads and sockets, shared memory.
+"""What the local kernel holds and says: processes, their threads and sockets, shared memory.
 
 Knows nothing of the store or the protocol. The launcher and a rank's watch threads read /proc through
 it (`process_state`), wait for processes they killed (`reap`), start helper processes with the running

@@ -1,18 +1,13 @@
-"""The sockets a gloo process group opened, and closing them for good when its generation fails.
+"""The sockets a gloo process group opened, and shutting them down for good when its generation fails.
 
-gloo cannot abort a collective, and a process group stays open while anything references it: a
-DDP module in the user's locals, a traceback frame, an object of the user's that outlives the
-generation. Measured (torch 2.14.1, loopback): with a DDP module still held, a rank that raised and
-destroyed its group left its peer blocked in an all-reduce for 10.2 s, until the raising process
-exited; with the group's sockets shut down the peer failed at once ("Connection closed by peer")
-and rejoined in milliseconds. So a generation that ends by a failure shuts its group's sockets
-down, whatever still references the group: every peer blocked in one of its collectives is released
-at once, and the group can never block anyone again (NCCL has the communicator's abort instead).
-
-The group's sockets are the connected ones `init_process_group` opened: gloo connects its full mesh
-there (its listening socket is left alone: gloo's accept thread terminates the process when its
-listener is shut down under it). Each is remembered by descriptor *and* socket inode, so a
-descriptor that was closed and reused for something else in the meantime is never touched.
+gloo cannot abort a collective, and a process group stays open while anything references it (a DDP module in
+the user's locals, a traceback frame, an object of the user's that outlives the generation). So a generation that
+ends by a failure shuts its group's sockets down, whatever still references the group: every peer blocked in one
+of its collectives fails at once ("Connection closed by peer"), and the group can never block anyone again (NCCL
+has the communicator's abort instead). The group's sockets are the connected ones `init_process_group` opened
+(gloo's full mesh); its listening socket is left alone, since gloo's accept thread terminates the process when
+its listener is shut down under it. Each socket is remembered by descriptor *and* inode, so a descriptor that
+was closed and reused for something else meanwhile is never touched.
 """
 
 from __future__ import annotations

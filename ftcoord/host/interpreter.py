@@ -1,10 +1,10 @@
-"""A helper process (a checkpoint writer, a store server) runs the code of the process that starts it.
+"""Command lines for helper processes (a checkpoint writer, a store server) that run the code of their parent.
 
-`python -m module` puts the working directory first on the module path: a rank started with `-P` (it found its
-packages on PYTHONPATH or installed, as `chaos run` starts them, chaos.own_code) that started its helpers with a plain
-`-m` from a directory holding another checkout ran that checkout's writer beside its own trainer. A helper is started
-with this interpreter's path options: `-I` when this process runs isolated, `-P` when it runs without the working
-directory on its path, neither otherwise (then both find the same packages anyway).
+`python -m module` puts the working directory first on the module path, so a helper started with a plain `-m`
+from a directory that holds another checkout would run that checkout's code beside its parent's. A helper is
+started with this interpreter's path options instead: `-I` when this process runs isolated, `-P` when it runs
+without the working directory on its path (as `chaos run` starts ranks: chaos.own_code), neither otherwise
+(then both find the same packages anyway).
 """
 
 from __future__ import annotations

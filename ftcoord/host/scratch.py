@@ -1,20 +1,11 @@
-"""Node-local scratch space of a job (shared memory), owned by the launcher that runs it.
+"""Node-local scratch space of a job (shared memory), owned by the launchers that run it.
 
-A job's processes may keep state in memory that outlives them on purpose (training's flash
-checkpoints: an image in /dev/shm that a restarted process on the same node loads in a fraction of
-a second). Such state must not outlive the job: it is large (a model and its optimizer), and a later
-run must never mistake it for its own. The rules:
-
-- `<shm>/ftcoord-<job>/` holds the job's scratch on this node, `slot<S>/` one slot's;
-- every launcher (or a process running without one) that uses it writes an owner file
-  `owner-<pid>.json` (pid and process start time, so a reused pid is not mistaken for it);
-- a launcher removes its slots' scratch when its job ends, success or failure;
-- a job directory none of whose owners is alive is an orphan: a launcher reaps orphans of *other*
-  jobs when it starts on the node (a relaunch of the same job after a whole-job kill -9 keeps its
-  own, which is what makes resuming from memory possible), and `ftcoord gc` lists and removes them;
-- a process that works in a slot's scratch after its trainer may be gone (a flash persister
-  finishing a write) registers as a user (`user-<pid>.json`); `release` waits for users to exit,
-  up to `USER_WAIT_S`, before it removes anything.
+A job's processes may keep state in memory that outlives them on purpose (training's flash checkpoints: an image
+in /dev/shm that a restarted process on the same node loads in a fraction of a second). Such state must not
+outlive the job: it is large (a model and its optimizer), and a later run must never mistake it for its own.
+`<root>/ftcoord-<job>/` holds a job's scratch on this node, `slot<S>/` one slot's. Whoever uses it records itself
+as an owner (`claim`); a launcher removes its slots' scratch when its job ends, success or failure (`release`);
+a job directory none of whose owners is alive is an orphan (`orphans`, `reap`).
 """
 
 from __future__ import annotations
@@ -31,6 +22,7 @@ PREFIX = "ftcoord-"
 OWNER_GLOB = "owner-*.json"
 USER_GLOB = "user-*.json"
 USER_WAIT_S = 30.0
+"""How long `release` waits, in seconds, for a slot's registered users to exit before it removes the slot's scratch."""
 SCRATCH_ROOT_ENV = "FTCOORD_SCRATCH_ROOT"  # tests point it elsewhere; default /dev/shm
 
 
@@ -43,10 +35,12 @@ def root() -> Path:
 
 
 def job_dir(job_id: str) -> Path:
+    """The job's scratch directory on this node: `<root>/ftcoord-<job>/`."""
     return root() / f"{PREFIX}{job_id}"
 
 
 def slot_dir(job_id: str, slot: int) -> Path:
+    """One slot's scratch directory: `slot<S>/` in the job's."""
     return job_dir(job_id) / f"slot{slot}"
 
 
@@ -71,7 +65,11 @@ def _stamp(directory: Path, kind: str, pid: int) -> Path:
 
 
 def claim(job_id: str, pid: int | None = None) -> Path:
-    """Record `pid` (default: this process) as an owner of the job's scratch on this node."""
+    """Record `pid` (default: this process) as an owner of the job's scratch on this node.
+
+    Every launcher that uses the scratch claims it, and so does a process running without one. The claim is
+    `owner-<pid>.json`, with the pid and the process's start time, so a reused pid is not mistaken for the owner.
+    """
     directory = job_dir(job_id)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if directory.stat().st_uid != os.getuid():
@@ -82,7 +80,8 @@ def claim(job_id: str, pid: int | None = None) -> Path:
 
 
 def register_user(directory: Path) -> Path:
-    """This process works in `directory` (a slot's scratch): `release` waits for it to exit."""
+    """This process works in `directory` (a slot's scratch) and may outlive its trainer (a flash persister
+    finishing a write): `release` waits for it to exit, up to USER_WAIT_S, before it removes anything."""
     return _stamp(directory, "user", os.getpid())
 
 
@@ -134,7 +133,12 @@ def _size(path: Path) -> int:
 
 
 def orphans(keep_job: str | None = None) -> list[Orphan]:
-    """This user's job scratch directories that no live process owns (except `keep_job`'s)."""
+    """This user's job scratch directories that no live process owns (except `keep_job`'s).
+
+    A launcher reaps the orphans of *other* jobs when it starts on a node: a relaunch of the same job after a
+    whole-job kill -9 keeps its own, which is what makes resuming from memory possible. `ftcoord gc` lists and
+    removes them too.
+    """
     found = []
     base = root()
     if not base.is_dir():

@@ -1,22 +1,12 @@
 """A fenced process's stacks, written by faulthandler before its launcher's SIGKILL.
 
-ftcoord.liveness.still_stack logs where a still training thread stands, from the heartbeat thread. A process fenced for its
-silence logs nothing: its heartbeat stopped because its Python code does not run (the interpreter frozen, a native
-call that holds the GIL, a helper thread stuck in a store call), and the SIGKILL that follows leaves nothing to ask.
-faulthandler's signal handler still runs: it writes every thread's Python stack from C, without the GIL. So a rank
-registers it for DUMP_SIGNAL (`install`, from Wrapper.run; `uninstall` at its end) to write to
-`stacks-slot<S>-<pid>.txt` in its log directory (stderr without one), and a launcher that fences a process
-(`before_kill`) sends it DUMP_SIGNAL first, when the process catches it and is not stopped (a SIGSTOPped process runs
-no handler: nothing to wait for), waits until a thread of it took the signal and the file stopped growing (at most
-DUMP_WAIT_S), then kills it. The launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S
-for that, ftcoord.leader.judge), so the dump delays only the kill.
-
-A Python stack ends at the innermost Python frame: a thread stuck in native code under it (a matmul, a lock, a page
-fault) looks the same as one computing there. So the launcher also writes below the stacks how the kernel saw each
-thread at the fence (`process_state.threads`: running, or asleep and in which kernel function, and its CPU time),
-read before the signal wakes any of them; its log line carries the main thread's.
-
-A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or sent.
+A process fenced for its silence logs nothing itself: its Python code does not run (the interpreter frozen, a
+native call that holds the GIL, a helper thread stuck in a store call). faulthandler's signal handler still runs:
+it writes every thread's Python stack from C, without the GIL. A rank registers it for DUMP_SIGNAL (`install`, from
+Wrapper.run; `uninstall` at its end); a launcher that fences a process sends it that signal first and waits at most
+DUMP_WAIT_S before the kill (`before_kill`), with the kernel's view of each thread written below the stacks. The
+launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S for that, ftcoord.leader.judge),
+so the dump delays only the kill.
 """
 
 from __future__ import annotations
@@ -35,6 +25,8 @@ from structlog.typing import FilteringBoundLogger
 from ftcoord.host.process_state import catches, pending, stopped, threads
 
 DUMP_SIGNAL = signal.SIGRTMIN + 3
+"""A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or
+sent."""
 DUMP_WAIT_S = 0.2
 """The longest a fence waits for a dump: a thread to take the signal and its stacks to be written."""
 WRITTEN_S = 0.02
@@ -51,7 +43,7 @@ def dump_path(log_dir: str | os.PathLike[str], slot: int, pid: int) -> Path:
 
 
 def install(log_dir: str | os.PathLike[str] | None, slot: int) -> None:
-    """Have DUMP_SIGNAL write this process's stacks to its file in `log_dir` (stderr when None)."""
+    """Have DUMP_SIGNAL write this process's stacks to `stacks-slot<S>-<pid>.txt` in `log_dir` (stderr when None)."""
     global _dump_file
     path = dump_path(log_dir, slot, os.getpid()) if log_dir else None
     if path is not None:
@@ -90,10 +82,11 @@ def uninstall() -> None:
 
 
 def dump(pid: int, path: Path | None) -> str:
-    """Ask `pid` for its stacks and wait for them (at most DUMP_WAIT_S); what came of it: "dumped", "stopped" (it
-    runs no handler), "not_installed" (it catches no DUMP_SIGNAL: not a Wrapper's rank, or not there yet),
-    "undelivered" (no thread took the signal in time: one in uninterruptible sleep, say), "elsewhere" (it took the
-    signal, and `path` stayed empty: the rank was given a log directory of its own) or "gone"."""
+    """Ask `pid` for its stacks and wait for them (at most DUMP_WAIT_S: until a thread of it took the signal and the
+    file stood still for WRITTEN_S); what came of it: "dumped", "stopped" (a stopped process runs no handler),
+    "not_installed" (it catches no DUMP_SIGNAL: not a Wrapper's rank, or not there yet), "undelivered" (no thread
+    took the signal in time: one in uninterruptible sleep, say), "elsewhere" (it took the signal, and `path` stayed
+    empty: the rank was given a log directory of its own) or "gone"."""
     if stopped(pid):
         return "stopped"
     if not catches(pid, DUMP_SIGNAL):
@@ -127,7 +120,12 @@ KERNEL_VIEW = ("Threads as the kernel saw them at the fence (R: computing; S: as
 
 def before_kill(pid: int, slot: int, log_dir: str | None, log: FilteringBoundLogger) -> str:
     """A launcher's fence: `dump` the process of `slot` (its rank's file in `log_dir`), and the kernel's view of its
-    threads below the stacks; log what came of it."""
+    threads below the stacks; log what came of it.
+
+    A Python stack ends at the innermost Python frame: a thread stuck in native code under it (a matmul, a lock, a
+    page fault) looks the same as one computing there. So how the kernel saw each thread (`process_state.threads`:
+    running, or asleep and in which kernel function, and its CPU time) is read before the signal wakes any of them,
+    written below the stacks, and the main thread's goes into the log line."""
     path = dump_path(log_dir, slot, pid) if log_dir else None
     seen = threads(pid)  # before the signal: a sleeping thread that takes it runs for a moment
     outcome = dump(pid, path)

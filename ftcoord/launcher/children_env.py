@@ -12,8 +12,8 @@ from ftcoord.launcher.config import LaunchConfig
 
 
 def omp_threads_per_process(nproc: int) -> str:
-    """Cores // processes (at least 1): N processes each spinning up a thread per core oversubscribe
-    the machine (ResNet-18 steps took 5 s instead of 0.2 s with 2 ranks on 2 cores)."""
+    """Cores // processes (at least 1): N processes each spinning up a thread per core would oversubscribe
+    the machine, and every step would slow down many times over."""
     return str(max(1, (os.cpu_count() or 1) // max(1, nproc)))
 
 
@@ -21,7 +21,7 @@ def children_env(nproc: int) -> dict[str, str]:
     """The launcher's environment for its processes, with OMP_NUM_THREADS split over them unless
     the user set it (as torchrun does), and torch's C++ log level at ERROR unless the user set it:
     ftcoord's store waits end in a timeout by design (a probe not yet answered, a slice of a watch),
-    and at torch's default level each one prints a c10d warning (hundreds a minute per process)."""
+    and at torch's default level each one would print a c10d warning."""
     values = dict(os.environ)
     values.setdefault("OMP_NUM_THREADS", omp_threads_per_process(nproc))
     values.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

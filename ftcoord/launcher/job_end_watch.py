@@ -1,19 +1,12 @@
-"""A launcher's processes once the job is done or stopped: each exits within a moment, or is ended after the grace
-period.
+"""A launcher's processes once the job is done or stopped: each exits within a moment, or is killed after grace_s.
 
 A member returns from the function and exits; a hot spare wakes on keys.ENDED and exits. A process whose training
-thread is stuck exits never: its heartbeat thread keeps it alive, nothing in it is waiting for the job's end, and
-its launcher (which waits for every child) would wait with it, an hour for `chaos`'s injected stall (random
-schedule, seed 404: a rank stuck outside every generation when the job finished). The leader fences such a process
-while the job runs (ftcoord.leader.judge: stuck members, stuck outsiders), but not one that got stuck less than the
-progress timeout before the end, nor any when the progress timeout is off. So the launcher looks at keys.DONE
-(and keys.STOPPED, below) every DONE_POLL_S and SIGKILLs a child still running grace_s after it first saw the job
-end; the job is complete, so the launcher still exits 0 (and says what it ended).
-
-A job stopped (keys.STOPPED: every member returned through should_stop, a preemption's clean end) ends the same
-way: a stop asked on another node, or by a rank's own SIGTERM, ends this launcher's members but not a stuck child.
-A STOPPED already there when the launcher started is an earlier run's (this one is its relaunch), not this run's
-end. Once the job ended either way, a child that exits with an error is not restarted: nothing is left to join.
+thread is stuck never exits (its heartbeat thread keeps it alive), and its launcher, which waits for every child,
+would wait with it. The leader fences such a process while the job runs, but not one stuck for less than the
+progress timeout at the end, nor any when that timeout is off. So the launcher looks at keys.DONE and keys.STOPPED
+(a stop in this run, not an earlier run's) every DONE_POLL_S and SIGKILLs a child still running grace_s after it
+first saw the job end; the job is complete, so the launcher still exits 0. Once the job ended, a child that exits
+with an error is not restarted: nothing is left to join.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from ftcoord.store.client import get_or_none
 
 DONE_POLL_S = 1.0
 """How often a launcher with running children looks whether the job ended: two store requests, at most once a
-second per launcher (a thousand launchers: 2,000 requests per second, where their ranks send ~3 each)."""
+second per launcher, fewer than each of its ranks sends."""
 
 
 class JobEndWatch:

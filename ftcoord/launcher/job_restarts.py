@@ -1,15 +1,11 @@
 """Whole-job restarts across launchers (`--restart-policy job`): one counter in the store.
 
-The classic baseline restarts every process of the job when one dies. A launcher owns only its node's
-processes, so the one that saw the death asks (an `add` to keys.JOB_RESTARTS) and restarts its own; every
-other launcher reads the counter every FENCE_POLL_S and, finding it past the restarts it carried out, restarts
-its own too. Each launcher restarted only its own node's before, while the others' processes carried on and
-healed the restarted ones from memory: on several nodes the "baseline" lost no state (mixed schedule E). The
-others follow within FENCE_POLL_S, long before the new processes of the launcher that asked come up (they start
-as new interpreters: seconds), so no state survives, as in the classic restart.
-
-Two launchers that see deaths at the same moment may both ask before either reads the other's: one restart
-too many, never one missing. A launcher that finds a restart asked that it has not carried out yet carries out
+The classic baseline restarts every process of the job when one dies. A launcher owns only its node's processes,
+so the one that saw the death asks (an `add` to keys.JOB_RESTARTS) and restarts its own; every other launcher reads
+the counter every FENCE_POLL_S and, finding it past the restarts it carried out, restarts its own too. They follow
+long before the new processes of the launcher that asked come up (new interpreters: seconds), so no member's
+state survives to heal the others, as in the classic restart. Two launchers that see deaths at once may both ask:
+one restart too many, never one missing. A launcher that finds a restart asked and not carried out yet carries out
 that one rather than asking again. The counter of an earlier run of the job (a relaunch) is not followed.
 """
 

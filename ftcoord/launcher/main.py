@@ -161,16 +161,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start_standby(config: LaunchConfig, logger: Any) -> StandbyKeeper:
     """The node's warm standby, started before this process imports torch: its import (torch, torch._dynamo, the
-    command's modules: ~4 s here) and this launcher's own (~2 s, before it can reach the store) run side by side.
-    One after the other, a job's first step came ~2 s later (and every chaos run and test that launches a job)."""
+    command's modules) and this launcher's own (before it can reach the store) run side by side, not one after the
+    other, so the job's first step comes sooner."""
     keeper = StandbyKeeper(config.command, standby_wanted(config), logger.bind(job_id=config.job_id))
     keeper.start(standby_env(config))
     return keeper
 
 
 def console_main() -> None:
-    """`ftcoord-launch`: main, then exit without the interpreter's teardown of torch (0.8-0.9 s here,
-    for nothing: every log line is already written)."""
+    """`ftcoord-launch`: main, then exit without the interpreter's teardown of torch, which takes long and does
+    nothing needed: every log line is already written."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -2,11 +2,9 @@
 
 At once after a fault: a process that came up (it registered in the store) and then died, was killed or was
 fenced is replaced immediately, however many faults its slot had before, so a slot's tenth recovery is as fast
-as its first. Only a slot whose processes keep dying before they come up (a broken node, an import error, a
-device that is not there) backs off, 0.25 s doubling up to 5 s from its second such death on, so it does not
-spin; `--max-restarts` ends it. Before, the delay grew with every restart of the slot over the job's life, and
-the leader waits for a replacement on its way: a slot's fifth fault cost every member 2 s more (random
-schedule, four ranks on two nodes, seed 4242: a paused rank, fenced, was replaced 2.0 s after its death).
+as its first (the leader waits for a replacement on its way, so a delay here would stall every member). Only a
+slot whose processes keep dying before they come up (a broken node, an import error, a device that is not there)
+backs off, 0.25 s doubling up to 5 s from its second such death on, so it does not spin; `--max-restarts` ends it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""One slot of a launcher's node (ftcoord.launcher.supervisor): the process holding it, its restarts, and the replacement
-said to be on its way.
+"""One slot of a launcher's node (ftcoord.launcher.supervisor): its process, its restarts, its replacement.
 
 A launcher says a replacement is coming *before* the death is known (a fenced process not yet reaped, an exit not
 yet marked) and keeps saying it (`keys.replacing`, a beat every REPLACING_BEAT_S) until the replacement registers.
 The leader waits for a replacement while this beat moves (up to barrier_timeout): a cold start on a busy node can
 take many seconds, and deciding without it would shrink the world and grow it back a moment later. A launcher that
-dies or gives up stops beating, and the leader stops waiting one heartbeat timeout later; so for a replacement
-stopped before it registered (ftcoord.host.process_state), which the job waited for up to barrier_timeout. Continued, it
+dies or gives up stops beating, and so does one whose replacement is stopped (SIGSTOP) before it registered
+(ftcoord.host.process_state): the leader stops waiting one heartbeat timeout later. Continued, that replacement
 grows the job back.
 """
 

@@ -1,4 +1,4 @@
-"""The launcher's handle on its warm standby (ftcoord.launcher.standby_template): asking for replacements, collecting them.
+"""The launcher's handle on its warm standby (ftcoord.launcher.standby_template): asking for replacements.
 
 The launcher never waits for the template: it asks (`WarmStandby.request_fork`) and collects the answer at a later tick
 (`PendingFork.collect`), and writes to a non-blocking stdin: a request the full pipe takes none of is not sent (a
@@ -32,7 +32,7 @@ that request and the launcher starts a new interpreter instead (seconds of impor
 that is stopped or starved)."""
 ZOMBIE_LOOK_S = 0.1
 """How often a replacement's end is looked for in /proc, beside its template's word (which a stopped template does
-not send): a look costs ~20 us here, and the launcher polls each process several times a tick."""
+not send): a look is cheap but not free, and the launcher polls each process several times a tick."""
 FORK_MARGIN_S = 0.5
 """How much longer than FORK_ANSWER_S the launcher waits for the answer: a fork made just before the deadline is
 still collected, not killed."""
@@ -135,7 +135,8 @@ class WarmStandby:
         lifeline_read, lifeline_write = os.pipe()
         parsed = PythonCommand.parse(command)  # its interpreter options are the template's: a fork keeps them
         options = list(parsed.options) if parsed is not None else []
-        process = subprocess.Popen([sys.executable, *options, "-m", "ftcoord.launcher.standby_template", "--", *command],
+        process = subprocess.Popen([sys.executable, *options, "-m", "ftcoord.launcher.standby_template", "--",
+                                    *command],
                                    stdin=subprocess.PIPE,
                                    pass_fds=(write_fd, lifeline_read),
                                    env={**env, READY_FD_ENV: str(write_fd), LIFELINE_FD_ENV: str(lifeline_read),

@@ -1,9 +1,8 @@
-"""The launcher's warm standby, kept: one template process (ftcoord.launcher.standby_template) alive and warm while the job
-runs, forking each slot's process in milliseconds.
+"""The launcher's warm standby, kept: one template process (ftcoord.launcher.standby_template) alive and warm.
 
-The launcher starts it before it imports torch itself (ftcoord.launcher.main): the standby's import (torch, the command's
-modules: ~4 s here) and the launcher's (~2 s) run side by side, not one after the other. So this module, and what
-it imports, stays torch-free.
+While the job runs it forks each slot's process in milliseconds. The launcher starts it before it imports torch
+itself (ftcoord.launcher.main), so that the standby's import (torch, the command's modules) and the launcher's run
+side by side, not one after the other: this module, and what it imports, stays torch-free.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """Warm standby: a template process that has imported torch and forks a ready replacement at once.
 
-Starting Python and importing torch costs seconds (2-4 s here, far more on a busy node), which
-would dominate a restart. The launcher keeps one warm standby: a process that imported torch and
-the user's module (for `python -m MODULE`, its `__main__` too) at low priority and then waits. When a
-slot dies the launcher asks it for a replacement and it *forks* one, which takes its slot's
-environment and runs the user's command in-process with runpy (`python SCRIPT ARGS` and
-`python -m MODULE ARGS` are supported, after interpreter options such as -u, which the template
-starts with): a replacement is ready in milliseconds, and as many as faults need, at once. (A
-standby that became the replacement itself, as before, left the next fault a cold start while a new
-standby warmed up: the demo measured 2.6 s per recovery on 2 cores.)
-
-Forking is safe because the template never runs a torch op (torch's thread pools start lazily)
-and touches no accelerator; numpy's OpenBLAS, the one library that starts a thread at import,
-shuts its pool down around fork. Protocol: the launcher writes `{"spawn": id, "env": {...}, "by": T}` lines
-on the template's stdin (and `{"cancel": id}` for a request it gave up on); the template answers on its reply
-descriptor `{"ready": true, "refused": ...}` (refused: why the command's module turned its command line down, see
-PRELOAD_ATTRIBUTE), then `{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a
-`time.monotonic()` deadline, or with its cancellation, and forked nothing) and `{"exited": N, "code": C}` (it is the
-replacements' parent and reaps them); each replacement says `{"reported": N, "code": C}` there itself as it ends,
-the launcher's word on its exit code once the template is gone. The template dies with its launcher (a parent-death
-signal), and so do its replacements, though not with the template: each watches a lifeline, a pipe whose write end
-only the launcher holds (`_die_with_launcher`), so the template's own death (the kernel's pick when memory runs out,
-say) takes no rank with it; the launcher sees their deaths without it (ftcoord.launcher.standby_client) and starts a new
-template. A closed stdin lets the template exit once its last replacement has.
-
-The launcher's side (asking, collecting, the pipes) is ftcoord.launcher.standby_client.
+Starting Python and importing torch costs seconds, which would dominate a restart. The launcher keeps one warm
+standby: a process that imported torch and the user's module (for `python -m MODULE`, its `__main__` too) at low
+priority and then waits. When a slot dies the launcher asks it for a replacement and it *forks* one, which takes
+its slot's environment and runs the user's command in-process with runpy (`python [OPTIONS] SCRIPT ARGS` and
+`python [OPTIONS] -m MODULE ARGS`): a replacement is ready in milliseconds, as many as faults need, and the standby
+stays warm for the next fault. Forking is safe because the template never runs a torch op (torch's thread pools
+start lazily) and touches no accelerator; numpy's OpenBLAS shuts its pool down around fork. The protocol on its
+pipes: `main`; the launcher's side: ftcoord.launcher.standby_client.
 """
 
 from __future__ import annotations
@@ -104,8 +87,8 @@ class PythonCommand:
                 return str(exc)
             except Exception:  # noqa: S110 - preloading is best effort; the real run reports errors
                 pass
-        # Every optimizer's constructor imports torch._dynamo (1.6-2 s here): a replacement running a
-        # plain script (the quickstart) spent that long between its fork and its first join.
+        # Every optimizer's constructor imports torch._dynamo, which takes seconds: preloaded here, a replacement
+        # running a plain script does not spend them between its fork and its first join.
         import torch  # noqa: F401
         import torch._dynamo  # noqa: F401
         import torch.distributed  # noqa: F401
@@ -199,8 +182,8 @@ def _preload_niced(parsed: PythonCommand, niced: bool) -> str | None:
 
     Linux niceness belongs to a thread: the import runs in a thread of its own at nice STANDBY_NICE (it
     must not slow the ranks training beside it), while the main thread, the one that forks every
-    replacement, keeps normal priority. (Nicing the process and undoing it in each replacement needs a
-    privilege most users lack: their replacements trained niced.) The thread has ended before any fork.
+    replacement, keeps normal priority. (Nicing the whole process would need each replacement to undo it, a
+    privilege most users lack: the replacements would train niced.) The thread has ended before any fork.
     """
     outcome: dict[str, str | None] = {}
 
@@ -218,8 +201,9 @@ def _preload_niced(parsed: PythonCommand, niced: bool) -> str | None:
 
 def _die_with_launcher(lifeline: int) -> None:
     """A replacement dies with its launcher, however it ends, and not with its template: a thread waits for the end of
-    its lifeline, a pipe whose write end only the launcher holds. (A parent-death signal fires at the template's
-    death: a standby killed took every rank of its node with it, and their recovery waited for a new one to warm.)"""
+    its lifeline, a pipe whose write end only the launcher holds. (Not a parent-death signal: it fires at the
+    template's death, so a standby killed would take every rank of its node with it, and their recovery would wait
+    for a new standby to warm.)"""
 
     def watch() -> None:
         try:
@@ -257,7 +241,22 @@ def _replacement(parsed: PythonCommand, env: dict[str, str], reply_fd: int, life
 
 
 def main() -> None:
-    """`python -m ftcoord.launcher.standby_template -- CMD...`: preload, say ready, fork a replacement per request."""
+    """`python -m ftcoord.launcher.standby_template -- CMD...`: preload, say ready, fork a replacement per request.
+
+    The launcher writes `{"spawn": id, "env": {...}, "by": T}` lines on the template's stdin (and `{"cancel": id}`
+    for a request it gave up on). The template answers on its reply descriptor `{"ready": true, "refused": ...}`
+    (refused: why the command's module turned its command line down, see PRELOAD_ATTRIBUTE), then
+    `{"spawned": id, "pid": N}` (`"pid": null`: it read the request after T, a `time.monotonic()` deadline, or with
+    its cancellation, and forked nothing) and `{"exited": N, "code": C}` (it is the replacements' parent and reaps
+    them). Each replacement writes `{"reported": N, "code": C}` there itself as it ends: the launcher's word on its
+    exit code once the template is gone.
+
+    The template dies with its launcher (a parent-death signal), and so do its replacements, though not with the
+    template: each watches a lifeline, a pipe whose write end only the launcher holds (`_die_with_launcher`), so
+    the template's own death (the kernel's pick when memory runs out, say) takes no rank with it; the launcher sees
+    their deaths without it (ftcoord.launcher.standby_client) and starts a new template. A closed stdin lets the
+    template exit once its last replacement has.
+    """
     command = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else sys.argv[1:]
     parsed = PythonCommand.parse(command)
     if parsed is None:
@@ -308,7 +307,7 @@ def main() -> None:
                 break
             children.discard(pid)
             reply(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}))
-    os._exit(0)  # nothing to flush or finalize; the interpreter's teardown of torch would take ~1 s
+    os._exit(0)  # nothing to flush or finalize, and the interpreter's teardown of torch is slow
 
 
 if __name__ == "__main__":

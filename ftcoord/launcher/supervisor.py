@@ -1,15 +1,12 @@
 """The per-node supervisor behind `ftcoord-launch`: start, watch, fence and restart.
 
-It owns the processes of its slots. A dead process is marked dead in the store at once
-(the fast path: nobody waits for a heartbeat timeout) and replaced, from a warm standby
-when one is ready. A slot the leader fenced (hung or stalled) is SIGKILLed here, which
-turns a hang into a crash that peers blocked in a gloo collective see immediately.
-
-Its store client rides through a store that goes away (ftcoord.store.link): the loop waits in the
-operation until the store is back, then tells a restarted store which incarnation each of its slots
-runs and which died meanwhile (`rebuild`), so a rank killed while the store was away is replaced and
-judged as soon as it returns. A store away past store_timeout ends the launcher with exit code 75, after
-its processes wrote their emergency checkpoint.
+It owns the processes of its slots. A dead process is marked dead in the store at once (nobody waits for a
+heartbeat timeout) and replaced, from a warm standby when one is ready. A slot the leader fenced (hung or stalled)
+is SIGKILLed here, which turns a hang into a crash that peers blocked in a gloo collective see immediately.
+Its store client rides through a store that goes away (ftcoord.store.link), then tells a restarted store which
+incarnation each of its slots runs and which died meanwhile (`rebuild`), so a rank killed while the store was
+away is replaced and judged as soon as it returns. A store away past store_timeout ends the launcher with exit
+code 75, after its processes wrote their emergency checkpoint.
 """
 
 from __future__ import annotations
@@ -52,13 +49,16 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 
 @dataclass
 class Supervisor:
+    """One launcher's loop over its node's slots (see the module docstring); `run` returns the exit code."""
+
     config: LaunchConfig
     store: dist.Store  # job-scoped
     slots: dict[int, SlotProcess] = field(default_factory=dict)
     job_restarts: int = 0
     terminating_since: float | None = None
     early_standby: InitVar[StandbyKeeper | None] = None
-    """The warm standby ftcoord.launcher.main started before it imported torch (StandbyKeeper.start); None: made here."""
+    """The warm standby ftcoord.launcher.main started before it imported torch (StandbyKeeper.start); None: made
+    here."""
 
     def __post_init__(self, early_standby: StandbyKeeper | None) -> None:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
@@ -66,7 +66,7 @@ class Supervisor:
             self._log.warning("warm_standby_disabled", reason=unsupported(self.config.command))
         self._job_restarts: JobRestarts | None = None
         if self.config.restart_policy == "job":
-            self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (ftcoord.launcher.job_restarts)
+            self._job_restarts = JobRestarts(self.store)  # every launcher restarts its node's (job_restarts)
         self.standby = early_standby or StandbyKeeper(self.config.command, standby_wanted(self.config), self._log)
         self._standby_env = standby_env(self.config)
         self._fences = FenceWatch(self.store, self._log)
@@ -106,10 +106,11 @@ class Supervisor:
         """Start the slot's process: forked by the warm standby, or a new interpreter.
 
         A fork is asked for here and collected at the next ticks (the loop wakes when the standby answers, within
-        milliseconds): the launcher never waits for its standby, so one that is stopped or starved holds up no fence and
-        no other slot, and one that has not answered in time (ftcoord.launcher.standby_client.FORK_ANSWER_S) is given up for a
-        new interpreter. While the standby is still warming up (it was started moments ago, or restarted), the start
-        waits for it, up to STANDBY_WAIT_S: its import is further along than a new interpreter's.
+        milliseconds): the launcher never waits for its standby, so one that is stopped or starved holds up no fence
+        and no other slot, and one that has not answered in time (ftcoord.launcher.standby_client.FORK_ANSWER_S) is
+        given up for a new interpreter. While the standby is still warming up (it was started moments ago, or
+        restarted), the start waits for it, up to STANDBY_WAIT_S: its import is further along than a new
+        interpreter's.
         """
         forked = None
         if from_standby and self.standby.enabled:
@@ -220,8 +221,8 @@ class Supervisor:
         return None
 
     def _end_outstayed(self, now: float) -> None:
-        """Kill the children still running grace_s after the job was done or stopped: stuck (ftcoord.launcher.job_end_watch). The
-        next tick reaps them as finished."""
+        """Kill the children still running grace_s after the job was done or stopped: stuck
+        (ftcoord.launcher.job_end_watch). The next tick reaps them as finished."""
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         if not running or not self._job_end.outstayed(self.store, now):
             return
@@ -413,10 +414,9 @@ class Supervisor:
     def _fence_while_stopping(self, now: float) -> None:
         """A child the leader fences while this launcher stops (it hung as a preemption came) is killed at once, as at
         any other time, with no replacement announced; it counts as a clean end (the leader left it out, and its
-        peers stopped without it). It held the stop until it woke, or for grace_s (30 s) if it never did, and the
-        relaunch waits for every launcher: a rank SIGSTOPped 1 s before a preemption, its peers stopped 2.4 s later
-        and the launcher waited 2.3 s more for the hung rank to wake (chaos schedule M3). A store away while stopping
-        is not waited for: the grace period ends the stop anyway."""
+        peers stopped without it). Otherwise it would hold the stop until it woke, or for grace_s (30 s by default)
+        if it never did, and the relaunch waits for every launcher. A store away while stopping is not waited for:
+        the grace period ends the stop anyway."""
         link = getattr(self.store, "link", None)
         if link is not None and (link.down or link.lost is not None):
             return

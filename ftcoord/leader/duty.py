@@ -1,43 +1,12 @@
-"""The leader's duties: watch liveness, interrupt, decide records.
+"""The leader's duty thread: hold or take the leadership, watch liveness, interrupt, and decide records.
 
-Every process runs a LeaderDuty thread; at most one holds the `leader` key at a time (who, and who takes over:
-ftcoord.leader.election). Holding it is only an optimisation of who proposes: safety comes from the record being
-written once with compare_set, so a deposed leader that wakes up cannot fork a generation.
-
-When to decide generation g+1 (at the speed of evidence, not of timeouts) is ftcoord.leader.readiness.
-A leader whose own death has such evidence is replaced at once for the same reasons.
-
-Safety under pauses (a leader may stop at any instruction for any time and wake up; reproduced by
-the tests with ftcoord.pausepoints):
-- `gen/<g>/record` is written once, with compare_set from absent, and does not become absent again
-  for decisions.TOMBSTONE_SPAN generations (an old generation's record is replaced by the
-  keys.FORGOTTEN tombstone): a leader that paused before its write and wakes after g was decided (or
-  forgotten) fails its write; one paused longer than the span sees `gen/current` past g right after its
-  write and makes it a tombstone again (nobody waits for g: a joiner that does finds current past it).
-- `gen/current` only moves forward (compare_set up to the larger value).
-- Leadership is the `leader` key, "term:slot:incarnation", taken with compare_set; a term only grows
-  (ftcoord.leader.election). A leader confirms its claim before each round of writes, and its fences carry its term:
-  a launcher kills on a fence only while no newer term holds the key, so a deposed leader that wakes kills nobody.
-- Liveness is judged on observations only (ftcoord.liveness.heartbeat.LivenessObserver): a leader paused
-  between its reads and its judgement sees no silence that it did not observe.
-A record written by a leader deposed between its last check and its write is still the one decision
-for that generation, made from what it observed while it led; the members follow it, and a stale
-judgement in it is corrected by the next generation.
-
-At scale (issue 17, `chaos bench --scale`): only the leader reads every slot's counters (once a tick, with its
-claim and the slot list, in requests of a few hundred slots: ftcoord.leader.slot_scan); a follower reads the leader's
-claim and counters (and its own incarnation, for ftcoord.liveness.helper_watch) on the schedule of ftcoord.leader.cadence
-(ftcoord.leader.election). The judgement itself is ftcoord.leader.judge. A running generation's leader sleeps in a store
-wait on its interrupt (woken at once; while it reads every slot, it looks at the interrupt between the read's
-requests); an open one's polls the announcements (no key per joiner) and decides as soon as everyone it waits for
-has announced itself; old generations are forgotten once the members of the newest have met at its rendezvous,
-by a thread of the leader's process, so its round does not wait out their deletes (ftcoord.leader.forgetter).
-Every process's store load is then flat in the job's size (~3 requests a second at the defaults).
-
-Across a store restart (ftcoord.store.link, ftcoord.protocol.restore): a round's record is written only into the
-store instance its observations came from (the write is pinned: a leader that paused through a restart
-writes nothing), a new instance decides only numbers of its own epoch, and the leader forgets what it
-fenced and observed there (those keys are gone; the counters start again).
+Every process runs a LeaderDuty; at most one holds the `leader` key (ftcoord.leader.election). Holding it only
+decides who proposes: a record is written once, with compare_set, into the store instance the round observed
+(ftcoord.leader.record_write), and `gen/current` only moves forward. A leader may pause at any instruction
+(ftcoord.pausepoints): it judges on observations only, so it sees no silence it did not observe, and once deposed it
+forks no generation and its fences kill nobody. Only the leader reads every slot (ftcoord.leader.slot_scan); a
+follower reads the leader's claim and counters (ftcoord.leader.cadence). Who is dead: ftcoord.leader.judge; when to
+decide: ftcoord.leader.readiness; old generations' keys: ftcoord.leader.forgetter.
 """
 
 from __future__ import annotations
@@ -97,8 +66,8 @@ class LeaderDuty:
         forgetter: Forgetter | None = None,
     ) -> None:
         """`tell_watch()`: called once this thread failed, and when it reads a newer incarnation of its own slot
-        (ftcoord.liveness.helper_watch ends the process). `forgetter`: deletes old generations' keys while this one leads, so
-        that its rounds do not wait for them (ftcoord.leader.forgetter; None: this thread deletes them)."""
+        (ftcoord.liveness.helper_watch ends the process). `forgetter`: deletes old generations' keys while this one
+        leads, so that its rounds do not wait for them (ftcoord.leader.forgetter; None: this thread deletes them)."""
         self._store = store
         self._tell_watch = tell_watch
         self._slot = slot
@@ -114,7 +83,8 @@ class LeaderDuty:
         self._interrupted: int | None = None  # a generation this leader saw interrupted
         self._quiet: int | None = None  # the generation its last wait found running, or it decided since (_write)
         self._forgetting = ForgetSchedule(timing.heartbeat_timeout, forgetter)
-        self._expecting = 1  # announcements that wake the leader of an open generation (ftcoord.wrapper.generation_client)
+        # Announcements that wake the leader of an open generation (ftcoord.wrapper.generation_client).
+        self._expecting = 1
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes a follower's sleep
         self._slept = 0.0
@@ -189,8 +159,7 @@ class LeaderDuty:
                 read_at, facts, holder = election.follow(self._round_instance) if following else self._observe()
                 if read_at - last_tick > self._timing.heartbeat_timeout / 2:
                     # Stuck in a store call (a hung or restarting store kept everyone from beating): what
-                    # this round read shows no silence of anyone's; watch afresh (CI-like: a 12 s store
-                    # hang got a healthy rank fenced as heartbeat_stale).
+                    # this round read shows no silence of anyone's; watch afresh, or a healthy rank is fenced.
                     self._start_afresh()
                     self._log.warning("leader_duty_stalled_by_store", stalled_s=round(read_at - last_tick, 3))
                     last_tick = time.monotonic()
@@ -291,7 +260,7 @@ class LeaderDuty:
         # Running. A fatal error written anywhere (a rank's FatalError, a launcher's configuration error) ends it, so
         # its members hear of the error when they rejoin (the leader decides nothing more), whoever wrote it: one
         # outside this generation cannot interrupt it itself. So a joiner need not read the fatal key after every
-        # record it gets (ftcoord.wrapper.generation_client): one request per member per advance fewer (chaos bench --scale).
+        # record it gets (ftcoord.wrapper.generation_client).
         if self._store.check([keys.FATAL]):
             self._store.compare_set(keys.interrupt(current), "", "fatal")
             self._interrupted = current
@@ -320,22 +289,19 @@ class LeaderDuty:
         polled = self._await_joiners(generation, self._expecting)
         if polled is not None and not self._paused_since(read_at):
             # Everyone it waited for announced: decide on what this round read (a tick old at most), rather than
-            # read every slot again first (at 1,024 participants, ~40 ms on the critical path: issue 17).
+            # read every slot again first (that read would be on the critical path of the advance).
             self._maybe_decide(generation, facts, read_at, running, record, current, fresh=False, polled=polled)
         return False
 
     def _follow_rejoin(self, generation: int, facts: dict[int, SlotFacts], read_at: float,
                        record: GenerationRecord | None, current: int) -> bool:
         """The wait on the running generation's interrupt was woken: its members are rejoining, every one of them
-        sending requests to the store at once. The leader sends as few as it can meanwhile (at 1,024 participants
-        each of its requests waited up to 90 ms in the store's queue): it polls the announcements until every live
-        slot it read this round announced itself, then confirms the interrupt and decides on this round's reads.
-        When they do not all come (one died meanwhile: its dead mark is newer than this round's reads), or stop
-        coming for as long as judging afresh would take (the last round's read of every slot: waiting longer than
-        that for a dead one costs more than reading again, and a shorter pause is no evidence of one), it confirms
-        the interrupt and judges afresh in a new round. At 1,024 participants on 2 cores the announcements stand
-        still for a few ms at a time while their processes wait for a core; with a fixed 5 ms the leader read
-        every slot again (~100 ms there) in one advance of ten, as the last few announced (issue 17)."""
+        sending requests to the store at once, so the leader sends as few as it can meanwhile. It polls the
+        announcements until every live slot it read this round announced itself, then confirms the interrupt and
+        decides on this round's reads. When they do not all come (one died meanwhile: its dead mark is newer than
+        this round's reads), or stop coming for as long as judging afresh would take (`SlotScan.read_s`, at least
+        _STALL_S: waiting longer for a dead one costs more than reading again, and a shorter pause is no evidence of
+        one), it confirms the interrupt and judges afresh in a new round."""
         left_out = left_out_by(record)
         alive = sum(1 for slot, fact in facts.items()
                     if self._judge.alive(fact) and left_out.get(slot) != fact.incarnation)
@@ -364,10 +330,10 @@ class LeaderDuty:
         """Poll the announcements until `expecting` have announced themselves (everyone the last round waited for:
         the announcements read, on which it decides at once), a probe's grace ends, a fenced process's launcher is due
         to have answered (ftcoord.leader.judge), or a tick passes (a new round looks at who is alive and at the last
-        call): None; see ftcoord.protocol.generations.await_announcements. A rejoin's poll (`stall_s`: while the announcements
-        keep coming) goes on past a tick, until this round's reads (from `read_at`) are too old to act on: at 4,096
-        participants one poll during the rush waited 0.3-0.4 s in the store's queue, and a poll cut after a tick sent
-        the leader to read every slot (1.3-1.6 s then) in three advances of ten (issue 17)."""
+        call): None; see ftcoord.protocol.generations.await_announcements. A rejoin's poll (`stall_s`: while the
+        announcements keep coming) goes on past a tick, until this round's reads (from `read_at`) are too old to act
+        on: during the rush one poll may wait long in the store's queue, and cutting it sends the leader to read
+        every slot again."""
         now = time.monotonic()
         within = self._timing.tick if read_at is None else self._acts_until(read_at) - now
         until = now + min(self._judge.probe.wait_at_most(self._timing.probe_grace, within),
@@ -385,8 +351,8 @@ class LeaderDuty:
     def _maybe_decide(self, generation: int, facts: dict[int, SlotFacts], read_at: float, running: bool,
                       previous: GenerationRecord | None, current: int, fresh: bool = True,
                       polled: bytes | None = None) -> bool:
-        """Decide `generation` when it is time (ftcoord.leader.proposal): True when decided, or deposed meanwhile. `polled`:
-        its announcements, just read by a poll (else they are read now)."""
+        """Decide `generation` when it is time (ftcoord.leader.proposal): True when decided, or deposed meanwhile.
+        `polled`: its announcements, just read by a poll (else they are read now)."""
         joins, announced = (parse_announcements(polled) if polled is not None
                             else read_announcements(self._store, generation))
         now = time.monotonic()
@@ -411,7 +377,7 @@ class LeaderDuty:
         written = write_record(self._store, self._election, self._round_instance, record, current, self._log, partial)
         if written is Written.DECIDED:
             # Running as far as this leader knows: the next round's read of every slot (while its members get the
-            # record) stops at its interrupt, as after a wait (ftcoord.leader.slot_scan; at 4,096 it went on 2.4-4.7 s).
+            # record) stops at its interrupt, as after a wait (ftcoord.leader.slot_scan).
             if record.failed is None:
                 self._quiet = record.generation
             self._forgetting.decided(record.generation)

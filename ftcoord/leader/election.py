@@ -1,15 +1,12 @@
 """Leader election: who holds the `leader` key, and who takes it over when its holder is gone.
 
-Leadership is the `leader` key, "term:slot:incarnation" (decisions.LeaderClaim), taken with compare_set; a term
-only grows. Holding it is only an optimisation of who proposes: safety comes from the record being written once
-with compare_set (ftcoord.leader.duty), so a deposed leader that wakes up cannot fork a generation. A leader confirms its
-claim before each round of writes (`Election.confirm`), and its fences carry its term: a launcher kills on a fence
-only while no newer term holds the key, so a deposed leader that wakes kills nobody.
-
-A follower observes only the holder: the leader's claim and its counters (and the follower's own incarnation, for
-ftcoord.liveness.helper_watch), in one request, on the schedule of ftcoord.leader.cadence. It takes the key from a holder that released
-it, or is gone by evidence or by silence (ftcoord.leader.judge). One that takes over has watched the one it replaces,
-and watches everyone else afresh: silence alone is the last resort, evidence needs no history.
+Leadership is the `leader` key, "term:slot:incarnation" (ftcoord.protocol.generations.LeaderClaim), taken with
+compare_set; a term only grows. Holding it only decides who proposes: safety comes from the record being written
+once (ftcoord.leader.record_write). A leader confirms its claim before each round of writes (`Election.confirm`), and
+its fences carry its term: a launcher kills on a fence only while no newer term holds the key, so a deposed leader
+that wakes kills nobody. A follower reads only the holder's claim and counters (and its own incarnation, for
+ftcoord.liveness.helper_watch), in one request, on the schedule of ftcoord.leader.cadence. It takes the key from a
+holder that released it or is gone (ftcoord.leader.judge), and watches everyone else afresh: evidence needs no history.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """When the leader deletes an old generation's keys: once the members of the newest have read its record.
 
-A generation's keys are deleted KEEP_GENERATIONS decisions later (ftcoord.protocol.generations.forget: a dozen keys, plus
-one rendezvous key per member, one request each: ~1,000 at 1,024 members). The leader used to delete them in
-the round right after a decision, which is when every member reads the new record and meets at its rendezvous:
-at 1,024 simulated participants (`chaos bench --scale`) ~1,000 deletes, ~46 ms of requests, queued among the
-members' in the store. Now they wait until the new generation runs and its members all arrived at its
-rendezvous (keys.all_arrived: each of them holds the record), or a heartbeat timeout after the decision (a
-member that never arrives, or a loop that meets at no rendezvous of ours). A leader that decides faster than
-that (a storm of faults) deletes them anyway once BACKLOG generations wait, so the store stays flat however
-often it advances.
-
-The deletes are not the leader's to wait for: one request each, ~N + 11 round trips, during which a leader that
-made them itself heard no interrupt and judged no silence (at 1,024 members 11-125 ms on loopback here, as the
-store shares the process or not: `chaos bench --only forget`; on a network N round-trip times, ~0.2 s at 1,024
-members and a 0.2 ms RTT, ~2 s at 4,096 and 0.5 ms). The leader hands a generation due to a thread of its process
-(`Forgetter`, started at the first hand-over, with a client of its own), and its round goes on. A forgetter
-BACKLOG generations behind (a storm of faults on a slow network) takes no more: the leader deletes the next one
-itself, as it did before, so the store stays flat however the two paces compare.
-
-A leader that loses its leadership with generations still waiting leaves their keys behind (a few keys per
-change of leader, as when the old rule's one pending generation was lost the same way); what it handed its
-forgetter is still deleted.
+A generation's keys (ftcoord.protocol.generations.forget: one request per key, one key per member) are deleted
+KEEP_GENERATIONS decisions later, once the newest generation runs and its members all arrived at its rendezvous
+(keys.all_arrived), or a heartbeat timeout after the decision: deletes must not queue among the members' reads of a
+new record. Past BACKLOG waiting generations they go at the next round anyway, so the store stays flat however often
+the job advances. A thread of the leader's process deletes them (`Forgetter`, on a client of its own), so the leader
+hears interrupts meanwhile; one BACKLOG generations behind takes no more, and the leader deletes the next itself.
+A leader that loses its leadership leaves the generations still waiting behind (a few keys per change of leader).
 """
 
 from __future__ import annotations
@@ -84,8 +70,8 @@ class ForgetSchedule:
 
 
 class Forgetter:
-    """A thread that deletes the generations a leader hands it (ftcoord.protocol.generations.forget), on a client of its own,
-    so that the leader's round does not wait for their round trips (module docstring)."""
+    """A thread that deletes the generations a leader hands it (ftcoord.protocol.generations.forget), on a client of
+    its own, so that the leader's round does not wait for their round trips (module docstring)."""
 
     def __init__(self, open_client: Callable[[], dist.Store], name: str, log: Any) -> None:
         """`open_client()`: the thread's own store client, opened by the thread at the first hand-over (a process
@@ -121,7 +107,8 @@ class Forgetter:
 
     def stop(self, wait_s: float) -> None:
         """End the thread once what it holds is deleted, waiting up to `wait_s` for that (0: a store away right now
-        is not waited for, ftcoord.wrapper.participant's close); past it, a delete in flight is cut (its client closed)."""
+        is not waited for, ftcoord.wrapper.participant's close); past it, a delete in flight is cut (its client
+        closed)."""
         self._stopping.set()
         if self._thread is None:
             return

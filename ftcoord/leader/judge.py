@@ -1,20 +1,13 @@
 """The leader's judgement of who is dead: silence, evidence, a stuck training thread; and the fences that follow.
 
-Made on observations only (ftcoord.liveness.heartbeat.LivenessObserver): a counter is silent for the time between
-the read that first showed its value and the latest read, so an observer paused between its reads and its
-judgement calls nobody dead. Evidence (a launcher's dead mark, a connection closed under a collective and no
+Made on observations only (ftcoord.liveness.heartbeat.LivenessObserver), so an observer paused between its reads and
+its judgement calls nobody dead. Evidence (a launcher's dead mark; a connection closed under a collective and no
 answer to the leader's question: ftcoord.protocol.evidence) needs no waiting; silence for heartbeat_timeout is the
-last resort. A member alive but making no progress for progress_timeout is stuck: only the culprit is fenced
-(its launcher kills it, so its peers fail at once), never a peer that waits for it in a collective. A process
-stuck outside the running generation (it hung while its generation ended for another cause) is fenced too, or
-it would stay outside for good, alive and never joining.
-
-A fenced process's launcher answers within FENCE_POLL_S: it says a replacement is on its way, then kills it (or
-marks it dead, with no replacement to come). Until that answer, or FENCE_ANSWER_S, the leader does not decide a
-smaller world without it (`unanswered_fences`): reads from before the fence cannot show the answer, and a world
-shrunk at once is grown back a moment later when the replacement comes (one generation change too many; the
-demo's hung rank, CI). The price, when no launcher answers (its node is lost, or no launcher runs it): the
-decision comes FENCE_ANSWER_S after the fence rather than at once (the leader looks again right then).
+last resort. A member alive but making no progress for progress_timeout is stuck: only the culprit is fenced, never a
+peer that waits for it in a collective. A process stuck outside the running generation is fenced too, or it would
+stay outside for good. A fenced process's launcher answers within FENCE_POLL_S; until it does, or FENCE_ANSWER_S
+passes, the leader decides no smaller world without it (`unanswered_fences`): reads from before the fence cannot
+show the answer, and a world shrunk at once would grow back when the replacement comes.
 """
 
 from __future__ import annotations
@@ -35,7 +28,8 @@ from ftcoord.protocol.slots import SlotFacts
 
 RELEASE_LOOKBACK = 4
 """How many generations back a silent process fenced outside the running generation is looked for among the members
-(ftcoord.liveness.group_release): the generations decided without it since the one it was blocked in (a partial quorum, a grow)."""
+(ftcoord.liveness.group_release): the generations decided without it since the one it was blocked in (a partial
+quorum, a grow)."""
 
 
 
@@ -56,8 +50,7 @@ class Judge:
         """`seconds`, or less when a heartbeat this process watches (every member's, as the leader; the leader's, as
         a follower) would reach the heartbeat timeout sooner: the round that judges it silent is then asked on the
         dot, not up to a step of the watcher's grid late (a tick; a deputy's interval, whose grid moves at each join:
-        LivenessObserver.stale_at). Before (tests/unit/test_silence_on_the_dot.py), a silence was judged up to that
-        step late: 1.26 s for a timeout of 1.1 s and a tick of 0.25 s."""
+        LivenessObserver.stale_at; tests/unit/test_silence_on_the_dot.py)."""
         due = self.observer.stale_at("hb/") + 0.001  # a timed wait may end a hair early
         return min(seconds, max(0.005, due - time.monotonic()))
 
@@ -102,9 +95,8 @@ class Judge:
         """(awaited, gone) among `outsiders` (live joiners that were not members of `previous`: hot spares,
         newcomers) that run on the node of a member of `previous` gone by evidence with no launcher to say so
         (`lost`: its node may be lost, and with it every process of that node). Such a joiner's announcement stands
-        and its heartbeat is not heartbeat_timeout old yet: seated, it kept the new generation from forming until it
-        was (a node lost with the job's hot spare on it: 2.1 s at the scenario timing, 5 s at the defaults, where
-        the lost members cost 0.3 s). It is awaited until it beats after the leader's question (alive: seated), or
+        and its heartbeat is not heartbeat_timeout old yet: seated, it would keep the new generation from forming
+        until it is. It is awaited until it beats after the leader's question (alive: seated), or
         stays silent for evidence_silence (gone with its node: decided without, like the members it ran beside; one
         alive after all is seated in the next generation). A joiner on another node, or whose node no launcher
         reported, is not in doubt for that.
@@ -113,12 +105,10 @@ class Judge:
         older than its silence (a hot spare announces itself ahead of the generation it may be seated in). It is
         awaited until it beats after the question (seated), or is gone once a read a heartbeat interval after the
         question (probe_grace, if longer) shows no beat: a spare that announced itself does not answer the question
-        (its interrupt monitor reads no question once announced, ftcoord.liveness.interrupt_watch), its next beat does. A leader that
-        took over from a hot spare that led, paused (SIGSTOP) and judged gone by its silence
-        (leader_gone_with_a_node), seated that same spare in place of a killed member: the generation could not form
-        until the spare's heartbeat timeout, 3.5 s at the defaults (random schedule 33053). Left: a leader that took
-        over a moment ago has watched no spare's silence (a follower watches the leader alone), and seats one it cannot
-        vouch for, as before; asking every spare then would cost each takeover a beat's wait."""
+        (its interrupt monitor reads no question once announced, ftcoord.liveness.interrupt_watch), its next beat
+        does. A limit: a leader that took over a moment ago has watched no spare's silence (a follower watches the
+        leader alone), and seats one it cannot vouch for; asking every spare then would cost each takeover a beat's
+        wait."""
         def incarnations(slots: set[int]) -> dict[int, int]:
             return {s: facts[s].incarnation for s in slots if s in facts}
 
@@ -143,9 +133,9 @@ class Judge:
 
     def leader_gone_with_a_node(self, slot: int, incarnation: int, record: GenerationRecord | None) -> bool:
         """A leader from outside `record` (a hot spare that leads), silent for evidence_silence, on the node of a member
-        that a closed-connection report of `record` names: gone with that node (a follower watches the leader alone,
-        so gone_by_evidence, which judges members, never named it: its deputies waited for its heartbeat timeout,
-        2.1 s at the scenario timing, where a lost member leader is succeeded in 0.3 s)."""
+        that a closed-connection report of `record` names: gone with that node. A follower watches the leader alone,
+        so gone_by_evidence, which judges members, never names it: without this, its deputies would wait for its
+        heartbeat timeout."""
         if record is None or record.failed is not None or slot in record.members:
             return False
         if self.observer.silent_for(f"hb/{slot}") < self._timing.evidence_silence:
@@ -179,8 +169,9 @@ class Judge:
 
     def _release_peers(self, generation: int, declared: str) -> None:
         """Tell the members of `generation`, which another reason ended, that one of them is declared dead
-        (`<reason>:slot=<member>`): one still blocked in a collective with it shuts its group down (ftcoord.liveness.group_release),
-        rather than wait for pg_timeout. First declaration wins: one dead member dooms every collective."""
+        (`<reason>:slot=<member>`): one still blocked in a collective with it shuts its group down
+        (ftcoord.liveness.group_release), rather than wait for pg_timeout. First declaration wins: one dead member
+        dooms every collective."""
         if self._store.compare_set(keys.released(generation), "", declared).decode() == declared:
             self._log.warning("generation_released", generation=generation, declared=declared)
 
@@ -208,10 +199,10 @@ class Judge:
         """Slots whose process (the incarnation in `facts`) this leader fenced and that are not gone yet: its launcher
         has not killed it (not yet, or not at all: a launcher SIGSTOPped, or too busy to run; or none runs it). Not
         awaited, whatever its heartbeat says, once its launcher is past due (`unanswered_fences`): counted alive by
-        its heartbeat, a rank fenced as hung whose launcher was paused held the next generation for join_timeout (a
-        chaos schedule, pause-launcher: 3.2 s). One that announces itself is seated as any joiner: under a launcher
-        it ends itself first while this leader leads (ftcoord.protocol.slots.fenced, from raise_if_superseded), and a deposed
-        leader's fence names nobody (its launcher does not carry it out either); with no launcher to carry out its
+        its heartbeat, a rank fenced as hung whose launcher is paused would hold the next generation for
+        join_timeout. One that announces itself is seated as any joiner: under a launcher it ends itself first while
+        this leader leads (ftcoord.protocol.slots.fenced, from raise_if_superseded), and a deposed leader's fence
+        names nobody (its launcher does not carry it out either); with no launcher to carry out its
         fence it is meant to take part again. Its next leader does not wait for it either: the record carries it as
         left out (the leader passes these to ftcoord.leader.readiness.still_left_out)."""
         return {slot for slot, incarnation in self.fenced
@@ -226,9 +217,10 @@ class Judge:
                              current: int) -> None:
         """A process that hung while it was in no running generation (`running`: None when none runs) is judged by
         no interrupt: one joining, a hot spare, or a member of a generation that ended for another cause. Fence it
-        too, so its launcher replaces it and its capacity is not lost for good. A member of the ended generation was
-        fenced only once a generation had been decided without it: a paused leader and a killed member at once left
-        no member alive, so the new leader waited join_timeout for the job's target size, then grew it back.
+        too, so its launcher replaces it and its capacity is not lost for good. This holds for a member of the ended
+        generation, before any generation is decided without it: a paused leader and a killed member at once may
+        leave no member alive, and the new leader would wait join_timeout for the job's target size, then grow the
+        job back.
 
         A member of a recent generation (`current` and the few before it) is declared dead to that generation's
         members too (keys.released): one of them may be blocked in a collective with it, with no launcher left to
@@ -254,8 +246,8 @@ class Judge:
         """A process alive outside the running generation `record` whose training thread trained here once (it
         pinged) but has not moved for progress_timeout, not waiting on peers, and has not announced itself for the
         next generation: stuck where no interrupt reaches it (it hung while its generation ended for another cause:
-        a peer's fault). Nothing else judges it: its heartbeat runs, so each generation change waits join_timeout
-        for it, its capacity is lost, and at the job's end its launcher waits for it (random schedule, seed 404).
+        a peer's fault). Nothing else judges it: its heartbeat runs, so each generation change would wait
+        join_timeout for it, its capacity would be lost, and at the job's end its launcher would wait for it.
         Fenced, so its launcher replaces it. A hot spare or a process still starting has never pinged; a former
         member slow to come back, or seated as a spare, has announced itself (the announcements are read only when
         there is a candidate, rarely)."""
@@ -288,11 +280,9 @@ class Judge:
         """A member of `ended` (a generation that ended for another cause: a newcomer asked in, a raise) stuck in it:
         alive, not waiting on its peers, its progress still for progress_timeout (hung_members, its stillness measured
         on from while the generation ran), and not announced for the next one. No interrupt reaches it, and its peers
-        blocked in a collective with it cannot leave to rejoin: nothing judged it (random schedule seed 33008, four
-        ranks: a stuck rank's two peers stood still while a replacement from outside, whose arrival had ended the
-        generation, formed a generation of one from a checkpoint 14 steps back and trained it to the job's end).
-        Fenced as the culprit, and declared to the ended generation's members (keys.released), so a peer blocked with
-        it cuts its collective at once (ftcoord.liveness.group_release) rather than when its launcher's kill closes its connections."""
+        blocked in a collective with it cannot leave to rejoin. Fenced as the culprit, and declared to the ended
+        generation's members (keys.released), so a peer blocked with it cuts its collective at once
+        (ftcoord.liveness.group_release) rather than when its launcher's kill closes its connections."""
         if self._progress_timeout is None or math.isinf(self._progress_timeout) or ended.failed is not None:
             return
         members = [(m, i, facts[m]) for m, i in zip(ended.members, ended.incarnations, strict=True)
@@ -316,9 +306,7 @@ class Judge:
         this generation is the culprit (stuck in a collective its peers went past); if they are all level, or
         one has committed no step in this generation yet (it may wait in the heal), nobody is fenced (a
         collective deadlock: the process-group timeout ends it). Never by a count of pings: that count is a
-        process's own, and a replacement's starts at 0, so the newest process looked furthest behind (random
-        schedule, seed 404: the stuck rank's last progress reached the store a beat after its peers', and for
-        that beat the fresh leader, waiting for it with the other peer, fenced itself).
+        process's own, and a replacement's starts at 0, so the newest process would look furthest behind.
         """
         if self._progress_timeout is None or math.isinf(self._progress_timeout):
             return set()
@@ -326,7 +314,7 @@ class Judge:
         for member, _, fact in members:
             name = f"progress/{member}"  # one name per slot, the generation in its value: no growth per generation
             # Observed when it was read, not now: a duty thread paused between reading and judging (a GC) would
-            # otherwise count its own pause as the member's silence (CI: a healthy leader fenced itself as hung).
+            # otherwise count its own pause as the member's silence.
             # Its own account of its stillness, if counted in this generation (an older one's says nothing of it).
             vouched = fact.still_s if fact.still_generation == generation else 0.0
             self.observer.observe(name, (generation, fact.progress), at=read_at, vouched=vouched)

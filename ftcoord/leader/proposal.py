@@ -1,12 +1,13 @@
 """What the leader writes for an open generation: the record it proposes from the announcements it read.
 
-When to decide is ftcoord.leader.readiness; who is in is ftcoord.leader.quorum; this puts them together into the record (or, once
-barrier_timeout passed with too few live joiners, a failed record). Pure: it reads nothing from the store.
+When to decide is ftcoord.leader.readiness; who is in is ftcoord.leader.quorum; this puts them together into the
+record (or, once barrier_timeout passed with too few live joiners, a failed record). Pure: it reads nothing from the
+store.
 
 The facts may be older than the announcements (ftcoord.leader.duty decides a rejoin on the round it read before the
-interrupt: at scale, a read of every slot during the members' rejoin was on the critical path). Then an
-announcement from an incarnation the facts do not know (a process that registered since) proposes nothing: left
-out as not live, it would be one more generation change at once; the leader reads afresh instead.
+interrupt, so that no read of every slot is on the rejoin's critical path). Then an announcement from an incarnation
+the facts do not know (a process that registered since) proposes nothing: left out as not live, it would be one more
+generation change at once; the leader reads afresh instead.
 """
 
 from __future__ import annotations

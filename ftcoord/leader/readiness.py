@@ -1,27 +1,12 @@
 """When the leader may decide an open generation: who it waits for, and for how long.
 
-Recovery at the speed of evidence, not of timeouts:
-- at once when every live slot has joined (a starting job: every worker; spares only at last call);
-- a slot is dead without waiting when there is evidence: its launcher's dead mark, or a connection
-  that closed under the generation's collectives while it neither rejoined, announced leaving nor
-  answered the leader's probe within probe_grace (or beat for 1.5 heartbeat intervals: ftcoord.protocol.evidence); the
-  record carries such members as left out, so a leader that takes over does not wait for their heartbeat timeout;
-  a hot spare on the same node as members gone so (their node is lost), or one the leader saw silent for
-  evidence_silence (its announcement may be older than its silence), must beat after the leader's question to be
-  seated (Judge.outsiders_in_doubt); silence for heartbeat_timeout is the last resort; a process this leader fenced
-  is awaited until its launcher answers (FENCE_ANSWER_S at most), never beyond, however it beats (its launcher
-  paused: Judge.fenced_alive);
-- a replacement whose launcher keeps saying it is on its way is waited for, up to barrier_timeout
-  (one generation change, the world size kept, however slow a cold start), and so is a live member of the running
-  generation while no joiner holds its state (`_state_left_behind`: the joiners alone would start from a
-  checkpoint); a process that is alive but slow to join, up to join_timeout after the last arrival; then a partial
-  quorum. Once: a process left out so (alive, the same incarnation) is not waited for again until it announces
-  itself (`still_left_out`), or every later generation change waited join_timeout for it (a training thread stuck
-  while its generation ended for another cause never comes back; random schedule seed 777: four changes in a row,
-  3 s each, until the job ended).
-
-The rule reads nothing from the store: the leader (ftcoord.leader.duty) brings what it observed this round and
-the generation's announcements, and keeps one OpenClock per open generation across its rounds.
+Recovery at the speed of evidence, not of timeouts: the leader decides at once when every live slot has joined (a
+starting job: every worker; spares only at last call). A slot is dead without waiting when there is evidence
+(ftcoord.leader.judge); silence for heartbeat_timeout is the last resort; a fenced process is awaited until its
+launcher answers. A replacement on its way, or a live member holding state no joiner holds, is waited for up to
+barrier_timeout; a process alive but slow to join, up to join_timeout after the last arrival; then a partial quorum.
+Once: a process left out so is not awaited again until it announces itself (`still_left_out`; the record carries it).
+The rule reads nothing from the store: the leader (ftcoord.leader.duty) brings what it observed, and one OpenClock.
 """
 
 from __future__ import annotations
@@ -93,7 +78,8 @@ def readiness(live: list[JoinRequest], announced: int, facts: dict[int, SlotFact
         # and grow back a moment later. At target (a hot spare stepped in) nothing to wait for.
         on_its_way = {s for s, f in facts.items() if f.being_replaced and s not in joined_slots
                       and not judge.observer.is_stale(f"replacing/{s}")}
-        # A process fenced a moment ago: its launcher has not said yet whether a replacement comes (ftcoord.leader.judge).
+        # A process fenced a moment ago: its launcher has not said yet whether a replacement comes
+        # (ftcoord.leader.judge).
         expected |= on_its_way | judge.unanswered_fences(facts, now)
     # A job starting (or restarting as a whole: no member of the last generation is
     # alive) waits for its target size of workers (a spare is seated only at last call, when
@@ -119,13 +105,10 @@ def _state_left_behind(live: list[JoinRequest], missing: set[int], facts: dict[i
     """No joiner holds the running state (none is a member of `previous`, in the same incarnation), and a member
     that does is alive and missing: slow, or blocked in a collective behind a stuck peer until the leader fences that
     one (Judge.fence_stuck_members_of_ended). A last call would decide the joiners alone, from a checkpoint, while
-    the state they would continue stands in live processes (random schedule seed 33008: a replacement from outside
-    trained alone from 14 steps back to the job's end, three live ranks left out). Such a member is awaited as a
-    replacement on its way is, up to barrier_timeout; once one member joins, the state goes on with it and the
-    others are awaited join_timeout, as before. The price: a sole holder that is stuck (not blocked) holds the
-    decision until it is fenced at progress_timeout, where the joiners used to train on alone from the checkpoint
-    after join_timeout (a member that comes back later with the newer state of an abandoned timeline would be the
-    heal's source: ftcoord.leader.quorum, the highest step)."""
+    the state they would continue stands in live processes. Such a member is awaited as a replacement on its way
+    is, up to barrier_timeout; once one member joins, the state goes on with it and the others are awaited
+    join_timeout. The price: a sole holder that is stuck (not blocked) holds the decision until it is fenced at
+    progress_timeout."""
     if not running or previous is None or previous.failed is not None:
         return False
     if any(previous.rank_of(j.slot, j.incarnation) is not None for j in live):
@@ -145,12 +128,9 @@ def still_left_out(record: GenerationRecord, missing: frozenset[int], facts: dic
     gone by evidence): slot -> incarnation of the processes alive and left out, not to be awaited again
     (`previous`'s, carried on, and `missing`). One stays so until it announces itself (the record considered it) or
     its slot has a new incarnation; a replacement on its way is a new incarnation, never left out. A leader that
-    decides after a leader that died knows them from the record: a lost node's members, left out on the evidence of
-    its peers' closed connections, cost it no wait for their heartbeat timeout (mixed schedule L: 2.3 s); so do the
-    processes the deciding leader fenced and that are not dead yet (the leader passes them with `missing`): a member
-    paused, fenced for its silence, its launcher paused too, then the leader killed: the next leader, which had never
-    watched that silence, waited for it as alive (a chaos schedule: 0.85 s, until it woke; its heartbeat timeout at
-    most)."""
+    decides after a leader that died knows them from the record, and does not wait for their heartbeat timeout: a
+    lost node's members, left out on the evidence of their peers' closed connections, and the processes the deciding
+    leader fenced that are not dead yet (the leader passes them with `missing`), whose silence it never watched."""
     considered = {slot for slot, _ in record.considered}
     kept = {s: i for s, i in left_out_by(previous).items()
             if s not in considered and s in facts and facts[s].incarnation == i}

@@ -5,7 +5,8 @@ is confirmed just before): a leader deposed meanwhile writes nothing, and one th
 after the generation was decided fails it. The write is pinned to the store instance the leader's observations came
 from (ftcoord.store.link): a leader that paused through a store restart writes nothing into the new instance. A
 write that lands after the generation was decided, forgotten and its tombstone deleted (a pause of more than
-decisions.TOMBSTONE_SPAN generations at this write) is made a tombstone again: nobody waits for that generation.
+ftcoord.protocol.generations.TOMBSTONE_SPAN generations at this write) is made a tombstone again: nobody waits for
+that generation.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Written(Enum):
 def write_record(store: dist.Store, election: Election, instance: int, record: GenerationRecord, current: int,
                  log: Any, partial: bool = False) -> Written:
     """Write `record` as its generation's decision (see the module docstring); `current`: the generation it follows,
-    whose members stop waiting for a question about it once the next one is decided (ftcoord.liveness.interrupt_watch)."""
+    whose members stop waiting for a question about it once the next one is decided
+    (ftcoord.liveness.interrupt_watch)."""
     text = record.to_json()
     if not election.confirm():
         return Written.NOT_OURS  # deposed while deciding: the new leader decides

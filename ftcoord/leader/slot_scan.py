@@ -1,28 +1,12 @@
 """The leader's read of every slot, once a round: its claim, the registered slots and every slot's counters.
 
-Only the leader reads every slot (ftcoord.leader.duty; a follower reads the leader's claim and counters: ftcoord.leader.election).
-At 1,024 participants that is ~6,000 keys: 30-45 ms on this 2-core machine when the job is quiet, 70-250 ms while its
-members rejoin. A running generation's leader spends the rest of its round in a store wait on the generation's
-interrupt, woken at once; during the read it heard nothing, so an interrupt that came then (~15 % of them at the
-default tick, one every time when advances came at a fixed moment of its round: chaos bench --scale) waited for the
-read to end before the leader followed the rejoin (issue 17).
-
-So the read is READ_SLOTS_PER_REQUEST slots to a request, and while a generation runs the leader looks at its interrupt
-between them (one small request each: three a round at 1,024 participants, none at 256 or fewer). Once it is set the
-read stops, and the round stands on the last whole read: as if the interrupt had come just before this round's read, a
-case every round already meets (its facts are a tick older; liveness is judged on observations only, so facts judged
-once are judged alike again). A read that was cut tells nobody anything new: nothing is observed from it. No second
-connection: a read beside the wait, on one of its own, would have cost the leader one and a thread.
-
-Measured against a store of 1,024 slots on this machine (torch's client, nothing else running): the whole read in one
-request 32-33 ms, in four requests with the three looks 21-22 ms (one request of 6,000 keys costs torch's client more
-than four of 1,500), the first request alone 5 ms: what the leader is deaf for now.
-
-Each request is cut again by its bytes (ftcoord.store.link.bounded_multi_get: 16 KB of keys, whole slots): the store's
-CPU per request grows much faster than its keys, and a whole read of 4,096 slots in one request held the store 862 ms.
-The keys' names, and each slot's facts while its values stay, are kept from read to read (ftcoord.protocol.slots.FactsCache):
-at 4,096 slots that took the read's CPU from 61-91 ms to 37-59 ms a tick (medians of 55 ticks, three runs each,
-alternating, on a busy machine).
+Only the leader reads every slot (ftcoord.leader.duty); a follower reads the leader alone (ftcoord.leader.election).
+The read goes READ_SLOTS_PER_REQUEST slots to a request, each cut again by its bytes
+(ftcoord.store.link.bounded_multi_get), and while a generation runs the leader looks at its interrupt between the
+requests, on the same connection: once it is set the read stops, and the round stands on the last whole read, as if
+the interrupt had come just before it (liveness is judged on observations only, so facts judged once are judged alike
+again). A read that is cut observes nothing. The keys' names, and each slot's facts while its values stay, are kept
+from read to read (ftcoord.protocol.slots.FactsCache).
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ from ftcoord.protocol import keys
 from ftcoord.protocol.slots import FactsCache, SlotFacts, parse_slots, read_facts_and, read_facts_unless
 
 READ_SLOTS_PER_REQUEST = 256
-"""Slots in one request of the read (1,536 keys: ~5 ms on this machine with the job quiet)."""
+"""Slots in one request of the read (1,536 keys)."""
 
 
 class SlotScan:

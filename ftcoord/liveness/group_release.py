@@ -1,38 +1,13 @@
-"""Releasing a member blocked in a collective with a peer that will never join it.
+"""Releasing a member blocked in a gloo collective with a peer that will never join it.
 
-gloo cannot abort a collective. A peer that dies closes its connections (the kernel does it) and every collective
-with it fails at once; a peer that stops answering without closing them does not: its node lost power or its
-network (a partition), or it is stopped. The leader declares it dead after heartbeat_timeout and interrupts the
-generation, but the members blocked in a collective with it are deaf to the interrupt: they stood still until
-pg_timeout (60 s at the defaults; chaos fault `partition`, a node's processes stopped for good: recovery 60.1 s after
-a detection in 2.2 s), and no launcher was left to kill the silent peer and close its connections.
-
-So each member watches its generation for as long as its group lives (`GroupRelease`, a thread per generation):
-once the generation is interrupted for the death of one of its members (the interrupt's reason names it:
-`heartbeat_stale`, `hung` or `gone`, written by the leader: ftcoord.leader.judge), the group's sockets are shut down
-(ftcoord.host.group_sockets), a collective blocked on that member fails at once, and the member rejoins like any other.
-A collective cannot complete without that member anyway, so nothing that would have completed is cut. A rejoin
-(`rejoin:slot=<n>`, written by a newer incarnation of a member's slot: ftcoord.wrapper.generation_client) names a member gone as
-surely: its incarnation in this generation died or was fenced, and a newer one registered in its place. It cuts
-too: a member blocked on a third peer that is stuck (alive, its connections open, never contributing) stood still
-behind the rejoin until that peer was fenced, progress_timeout later, or pg_timeout (a stuck rank and the leader
-killed 0.3 s later: its replacement's rejoin won the interrupt before anyone declared the death; the replacement
-trained alone from the checkpoint while three live ranks stood still to the job's end). An interrupt for any other
-reason (a raise, a spare or a newcomer to seat, a stop) cuts nothing by itself: every member alive finishes its step
-and leaves at its boundary.
-
-But the first reason wins the interrupt, and a peer may stop answering just as another reason ends the generation (a
-node lost silently while a rank raises, a newcomer asks in or the job is preempted): the leader declares it dead
-a heartbeat_timeout later, when its interrupt is taken. A member blocked behind such a peer stood still until
-pg_timeout (a stuck peer with a launcher is killed by it after its fence, which closes its connections; a silent
-node has none). So the leader then writes the death where the generation's members can wait for it
-(keys.released, written by ftcoord.leader.judge when a member of an ended generation is fenced as silent, or declared
-dead after another reason won the interrupt), and the watch of a group that outlived its interrupt by `grace_s`
-(its member is still in a collective: a healthy one leaves at its next boundary, within a step) waits there, on a
-store client of its own opened then, and shuts its group down when a member other than itself is declared dead.
-A group that ends first stops the wait (its client is closed): a healthy generation pays no request for it.
-
-gloo only: NCCL's communicator has an abort and a watchdog of its own (ftcoord.wrapper.call.CallWrapper.teardown).
+gloo cannot abort a collective (NCCL can: ftcoord.wrapper.call.CallWrapper.teardown). A peer that stops answering
+without closing its connections (its node lost power or network, or it is stopped) blocks its peers' collectives
+until pg_timeout, deaf to the interrupt. So each member watches its generation while its group lives (`GroupRelease`,
+a thread per generation): once the generation is interrupted for the death of another member (`heartbeat_stale`,
+`hung`, `gone`: ftcoord.leader.judge) or its replacement (`rejoin`), the group's sockets are shut down
+(ftcoord.host.group_sockets) and a collective blocked on that member fails at once (none could complete without it).
+When another reason won the interrupt, a group that outlives it by `grace_s` waits on keys.released, on a client of
+its own, for a member declared dead; other reasons cut nothing: members leave at their next step boundary.
 """
 
 from __future__ import annotations

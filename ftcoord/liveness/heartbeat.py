@@ -41,8 +41,7 @@ class Heartbeat:
     (`@<seconds>,<generation>`, whole multiples of `publish_every`, counted from its last ping, its last join or the
     last beat that saw it waiting on its peers, whichever came later, in the generation it names; published at the
     next beat once it ends): a leader that takes over during the stillness counts from there, not from its
-    own first read (ftcoord.leader.judge; a stuck rank whose leader was killed was fenced 6 s late at a progress
-    timeout of 6 s, twice its timeout after it stopped). The thread waits for nothing in the store: a leader's
+    own first read (ftcoord.leader.judge). The thread waits for nothing in the store: a leader's
     question ("beat now", ftcoord.protocol.evidence) reaches it through `beat_now()`, from the interrupt monitor.
     """
 
@@ -53,8 +52,8 @@ class Heartbeat:
         """`publish_every`: how stale published progress and status may be (default: 10 intervals); the
         leader's stuck-rank judgement needs it well below the progress timeout. `before_beat(store)`: run
         in this thread, on its client, before each beat (the monitor carries a local stop request).
-        `tell_watch()`: called once this thread failed (ftcoord.liveness.helper_watch). `still_stack`: logs where a training
-        thread that stood still stands (ftcoord.liveness.still_stack); None: nobody looks."""
+        `tell_watch()`: called once this thread failed (ftcoord.liveness.helper_watch). `still_stack`: logs where a
+        training thread that stood still stands (ftcoord.liveness.still_stack); None: nobody looks."""
         self._store = store
         self.report = report
         self._published_status = ""
@@ -105,8 +104,7 @@ class Heartbeat:
         # Only a training thread whose progress stood still may be waiting on its peers, and the leader asks only
         # about one that stood still for progress_timeout: it is looked at once still for publish_every (at most a
         # quarter of that timeout), at every beat from then on. Looking costs a snapshot of every thread's frame,
-        # O(threads in the process): a process of many threads (chaos bench --scale: 64 participants to a
-        # process, ~450 threads) spent a quarter of its CPU on it when every still beat looked.
+        # O(threads in the process): too dear at every still beat in a process of many threads.
         waiting = (self._progress == self._progress_at_beat and now - self._still_since >= self._publish_every
                    and self._waiting_on_peers())
         if waiting:
@@ -139,9 +137,9 @@ class Heartbeat:
         or the last beat that saw it waiting on its peers, whichever came later, in whole multiples of publish_every,
         rounded down (a lower bound, and one more publication per publish_every at most, only while it stands still);
         0 in ftcoord's join (where a hot spare waits for hours) and before it ever pinged (a spare, a process
-        starting). Never the time it waited on its peers: a peer that waited 24 s for a stuck rank, then left the
-        collective when that rank was fenced, published 24 s of stillness as it tore down, and the leader it became
-        fenced itself with it in every generation it decided (CI, the stuck scenario: seven in 0.1 s)."""
+        starting). Never the time it waited on its peers: a peer that waited for a stuck rank, then left the
+        collective when that rank was fenced, would publish that wait as stillness as it tore down, and a leader
+        would fence it as stuck."""
         if self._in_join or self._progress == 0:
             return 0.0
         still = now - max(self._still_since, self._joined_at, self._waited_at)
@@ -155,7 +153,7 @@ class Heartbeat:
         if identity != self._published_identity or first_commit or now - self._status_at >= self._publish_every:
             status = json.dumps(report.status(), separators=(",", ":"))
             self._status_at = now  # looked: the next look is publish_every away, whether it changed or not (a status
-            # that stood still, a spare's or a member's waiting on its peers, was encoded again at every beat)
+            # that stands still, a spare's or a member's waiting on its peers, is not encoded again at every beat)
             if status != self._published_status:
                 if first_commit:
                     jobs.note_first_commit(self._store)
@@ -184,7 +182,8 @@ class Heartbeat:
         self._in_join = True
 
     def joined(self) -> None:
-        """The calling thread joined a generation: it is the training thread, and it moved (ftcoord.liveness.still_stack)."""
+        """The calling thread joined a generation: it is the training thread, and it moved
+        (ftcoord.liveness.still_stack)."""
         self._training_thread, self._training_native = threading.get_ident(), threading.get_native_id()
         self._joined_at = time.monotonic()  # its stillness, as published, counts from here (a leader's does: a new
         # generation is a new value of its progress)
@@ -194,9 +193,9 @@ class Heartbeat:
 
     def _waiting_on_peers(self) -> bool:
         """Is the training thread in a collective, or in ftcoord's join or finish (waiting on its peers:
-        ftcoord.liveness.still_stack.waits_on_peers)? Before its first ping the training thread is the one that joined: a
-        member waiting in its first all-reduce on a peer stuck in its first forward was published not waiting, and
-        the leader fenced it with the culprit (CI, test_heal: both replaced, the job restarted from step 0)."""
+        ftcoord.liveness.still_stack.waits_on_peers)? Before its first ping the training thread is the one that
+        joined (`joined`): a member waiting in its first all-reduce on a peer stuck in its first forward is waiting,
+        and must not be fenced with the culprit."""
         if self._in_join:  # no snapshot of every thread's frames: a spare waits there for hours (chaos bench --scale)
             return True
         return self._training_thread is not None and waits_on_peers(frame_of(self._training_thread))
@@ -234,9 +233,8 @@ def frame_of(thread_id: int) -> FrameType | None:
 
     `sys._current_frames()` holds the runtime's thread-list lock while it allocates; an allocation can
     start a garbage collection whose finalizers take that lock again, and the thread then waits forever
-    holding the GIL: the whole process froze (seen: a unit test stuck for 10 minutes, its timeout
-    unable to fire; in a rank, every thread stops and the rank is fenced as hung). 3.12 disables the
-    collector around the call; so do we, leaving it as we found it.
+    holding the GIL: the whole process freezes (in a rank, every thread stops and the rank is fenced as
+    hung). 3.12 disables the collector around the call; so do we, leaving it as we found it.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -327,8 +325,8 @@ class LivenessObserver:
 
     def changed_after(self, name: str, moment: float) -> bool:
         """A read after `moment` (this observer's clock) showed the counter changed from the value read before it (as
-        a process that beats after `moment` does; the first value this observer read is no change: a leader that
-        took over a moment ago took a dead process's last beat for one)."""
+        a process that beats after `moment` does; the first value this observer read is no change, or a leader that
+        took over a moment ago would take a dead process's last beat for one)."""
         return self._changed_at.get(name, -math.inf) > moment
 
     def never_changed(self, name: str) -> bool:
@@ -341,8 +339,8 @@ class LivenessObserver:
         (this observer's clock; math.inf: none), among the counters the newest read showed unchanged and not yet
         silent that long. A watcher that reads on a grid (the leader's tick, a deputy's interval) finds a silence up
         to one step of its grid late; reading at this moment too, it finds it on the dot. A counter just seen changing
-        is not due (a watcher that reads rarely is not woken early for it), nor one the newest read did not read (no
-        longer watched: its moment would come again and again)."""
+        is not due (a watcher that reads rarely is not woken early for it), nor one the newest read did not read (not
+        watched any more: its moment would come again and again)."""
         timeout, newest, due = self.timeout, self._newest, math.inf
         for name, (_, first, last) in self._seen.items():
             if last == newest and last > first and name.startswith(prefix):
@@ -359,5 +357,11 @@ def mark_dead(store: dist.Store, slot: int, incarnation: int) -> None:
     """Fast path for a local parent that saw the process die: no heartbeat timeout needed.
 
     Monotonic per slot: marking an older incarnation never revives a newer dead one.
+
+    Args:
+        store: a store client of the job's.
+        slot: the slot whose process died.
+        incarnation: the incarnation of that slot that died; the slot's dead key (keys.dead) is raised to it,
+            never lowered.
     """
     raise_to(store, keys.dead(slot), incarnation)

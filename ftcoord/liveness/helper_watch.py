@@ -1,15 +1,12 @@
 """The helper watch: a process whose helper threads died, or whose slot has a newer incarnation, ends.
 
-A participant's safety rests on three helper threads (heartbeat, leader duty, interrupt monitor).
-One that died (its store client broke, a bug) leaves the process half-alive: a leader whose duty
-thread died keeps its claim alive through the heartbeat, so nobody takes over and the next fault
-hangs every joiner until barrier_timeout. An incarnation that was superseded (paused or cut off long
-enough for its slot to be restarted) must not keep beating for the slot either. In both cases the
-process ends (exit code EXIT_HELPER_FAILED): its launcher sees a crash and replaces it, and its
-leadership passes on by the usual evidence. The watch itself is one more daemon thread that sleeps until
-it is told something changed (`nudge`: a helper failed, the leader duty read a newer incarnation of this
-slot) and looks again every `backstop` seconds in case. It used to look every heartbeat interval: at scale
-(`chaos bench --scale`) that was a third of an idle participant's thread wakeups, for news that comes once.
+A participant's safety rests on three helper threads (heartbeat, leader duty, interrupt monitor). One that died (its
+store client broke, a bug) leaves the process half-alive: a leader whose duty thread died keeps its claim alive
+through the heartbeat, so nobody takes over and the next fault hangs every joiner until barrier_timeout. A superseded
+incarnation (paused or cut off long enough for its slot to be restarted) must not keep beating for the slot either.
+Either way the process ends (EXIT_HELPER_FAILED): its launcher sees a crash and replaces it, and its leadership passes
+on by the usual evidence. The watch is a daemon thread that sleeps until told something changed (`nudge`: a helper
+failed, the leader duty read a newer incarnation of this slot) and looks again every `backstop` seconds in case.
 """
 
 from __future__ import annotations

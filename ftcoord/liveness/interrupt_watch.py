@@ -36,9 +36,9 @@ def stale_stop(store: dist.Store) -> bytes | None:
 def stop_asked(store: dist.Store) -> bool:
     """A stop was asked anywhere in the job (SIGTERM to a rank) in this run, not an earlier run's that ran its course.
     The leader reads it once per decision, and the generation it decides carries it (GenerationRecord.stop), so its
-    members stop together at its first boundary, though the stop's own interrupt may have lost to another reason
-    (each member read the stop at the start of every generation: issue 17); a stop asked after this read is carried
-    into the next generation by the process that asked (InterruptWatch)."""
+    members stop together at its first boundary, though the stop's own interrupt may have lost to another reason, and
+    no member reads the stop itself; a stop asked after this read is carried into the next generation by the process
+    that asked (InterruptWatch)."""
     stop = get_or_none(store, keys.STOP)
     return stop is not None and not ran_its_course(store, stop)
 
@@ -57,12 +57,12 @@ class InterruptWatch:
     `slice_s`, 10 s at the defaults: a few requests per slice, whatever the job's size); when it fires, it
     waits on the generation's probe key (ftcoord.protocol.evidence) and has the heartbeat beat at once (`on_beat`)
     when a leader asks, until the process watches a newer generation (the leader sets the probe key to
-    keys.PROBE_RELEASED once the next one is decided, which ends that wait without a beat: at 1,024
-    participants, a beat and a status write each in the burst of record reads). A wake after this process announced
-    itself for a later generation (`announced`) is not even read: the announcement answers any question (the leader
-    asks no member that rejoined: ftcoord.leader.judge), and a release asks nothing; at 1,024 participants, a
-    thousand reads fewer in the burst of record reads. A leader asks by setting the interrupt, then the probe: a
-    member still in the generation, or already out of it, answers after the question, never before.
+    keys.PROBE_RELEASED once the next one is decided, which ends that wait without a beat: no member adds a beat
+    and a status write to the burst of record reads). A wake after this process announced itself for a later
+    generation (`announced`) is not even read: the announcement answers any question (the leader asks no member
+    that rejoined: ftcoord.leader.judge), and a release asks nothing; so no member adds a read to that burst
+    either. A leader asks by setting the interrupt, then the probe: a member still in the generation, or already out
+    of it, answers after the question, never before.
     A local stop request is carried to the store by the heartbeat thread (`carry_local_stop`); one made
     anywhere in the job interrupts the generation, so it is seen here at once (or in the next generation, when
     another reason won that interrupt: see the module docstring).
@@ -199,8 +199,7 @@ class InterruptWatch:
         # A stop asked while another reason won this interrupt reaches the members with the next generation's record
         # (its leader looks for a stop as it decides it: GenerationRecord.stop), or, asked after that look, by the
         # process that asked interrupting that generation (then the one after carries it). Every member stops at the
-        # same step, and reads nothing here or at the start of a generation for it (it read the stop once per
-        # generation: one request per member per advance, issue 17).
+        # same step, and reads nothing here or at the start of a generation for it.
 
     def carry_local_stop(self, store: dist.Store) -> None:
         """Publish a local stop request (the heartbeat thread calls this before each beat, on its own client)."""

@@ -33,66 +33,107 @@ SHOWN_INCIDENTS = 10
 
 @dataclass
 class SlotView:
+    """One slot of a job as an observer sees it (`ftcoord status`, the launcher's metrics)."""
+
     slot: int
+    """The slot number."""
     incarnation: int
+    """The slot's newest incarnation: how many processes registered for it so far."""
     state: str
     """"rank R", "spare", "joining", "stale", "fenced", "dead", "left", "replacing" or "finished"."""
     heartbeat_age_s: float
+    """Seconds this observer has seen the slot's heartbeat counter unchanged, on its own monotonic clock."""
     heartbeat_age_at_least: bool
     """The counter never moved while this observer watched: the age is a lower bound."""
     waiting_on_peers: bool = False
+    """The training thread stands still waiting on its peers (in a collective), as its heartbeat published."""
     generation: int | None = None
+    """The generation the slot's process last joined, as it published; None before it published a status."""
     rank: int | None = None
+    """Its rank in that generation (None: not a member, or no status yet)."""
     step: int | None = None
+    """The last step it committed (-1: none yet; None: no status yet)."""
     steps_per_s: float | None = None
+    """Its recent rate of committed steps per second, as it published it."""
     process_restarts: int = 0
+    """How many processes the slot had before the current one (incarnation - 1)."""
     restarts_by_kind: dict[str, int] = field(default_factory=dict)
+    """The launcher's count of the slot's restarts by what ended the process before
+    (ftcoord.protocol.launcher_report.RESTART_KINDS); empty when no launcher reports the slot."""
     in_process_restarts: int | None = None
+    """How many times its current process restarted the function in-process; None: no status yet."""
     checkpoint_stalls: dict[str, Any] | None = None
     """The process's checkpoint stalls: count, total and cumulative bucket counts (ftcoord.protocol.slot_report)."""
     fence: str | None = None
     """The last fence of the slot, "term:incarnation" ("0": never fenced)."""
     host: str | None = None
+    """The host name of the slot's launcher; None when no launcher reports the slot."""
     pid: int | None = None
+    """The pid of the slot's current process, as its launcher published it."""
     standby: str | None = None
+    """The launcher's warm standby: "off", "warming", "ready" or "none" (ftcoord.protocol.launcher_report)."""
     still_at: str | None = None
     """Where the slot's training thread stands still, not waiting on its peers (ftcoord.liveness.still_stack)."""
 
 
 @dataclass
 class JobView:
+    """One job as an observer sees it, read by `JobReader.read`."""
+
     job: str
+    """The job id."""
     generation: int
+    """The newest generation decided; 0 before the first."""
     world_size: int
+    """Members of that generation (0: none yet)."""
     target_world_size: int | None
+    """The world size the job asks for; None before the first generation."""
     members: list[int]
+    """The generation's member slots, in rank order."""
     spares: list[int]
+    """The hot spare slots the generation left out."""
     start_step: int | None
+    """The highest step its members announced when it was decided; None before the first generation."""
     leader: dict[str, int | None] | None
+    """The current leader's claim ("term", "slot", "incarnation"); None when no process claims to lead."""
     record_leader: dict[str, int] | None
     """Who decided the current record, in which term."""
     state: str
     """"running", "done", "failed: ...", "stopped" or "starting"."""
     slots: list[SlotView]
+    """Every slot that ever registered in the job, ascending."""
     recent: list[dict[str, Any]]
     """The newest generations (newest first): generation, world size, members, why it was interrupted."""
     incidents: list[dict[str, Any]]
+    """The newest SHOWN_INCIDENTS incidents, oldest first (fields of ftcoord.protocol.slot_report.Incident)."""
     incident_count: int
+    """How many incidents the job had in all."""
     lost_s: float
     """What every incident cost, together (ftcoord.protocol.slot_report)."""
     effective_ratio: float | None
     """Time in committed steps / wall time since the first commit: 1 - lost_s / elapsed."""
     step: int | None
+    """The newest step a member of the generation committed; None when none published one."""
     steps_per_s: float | None
+    """The slowest member's rate of committed steps per second (the job runs at it); None when none published."""
     interval_s: float
+    """The job's heartbeat interval in seconds, as its processes describe the job (Timing's default until then)."""
     timeout_s: float
+    """The job's heartbeat timeout in seconds, likewise."""
 
     def to_json(self) -> str:
+        """The view as one indented JSON object with sorted keys (what `ftcoord status --json` prints)."""
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
 
 class JobReader:
-    """Reads one job again and again; keeps the heartbeat observations between reads."""
+    """Reads one job again and again; keeps the heartbeat observations between reads.
+
+    Args:
+        store: a client scoped to the job's keys (`ftcoord.store.client.job_store`); only read, never written.
+        job: the job id, as the view names it.
+        clock: the monotonic clock heartbeat ages are measured on (seconds).
+    """
 
     def __init__(self, store: dist.Store, job: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
@@ -114,7 +155,12 @@ class JobReader:
             self._timed = True
 
     def watch(self, seconds: float, poll: float = 0.05) -> None:
-        """Observe every slot's heartbeat for `seconds`."""
+        """Observe every slot's heartbeat for a while, sampling over and over.
+
+        Args:
+            seconds: how long to watch, on the reader's clock.
+            poll: seconds between two samples.
+        """
         deadline = self._clock() + seconds
         while True:
             self.sample()
@@ -127,6 +173,7 @@ class JobReader:
         return min(2 * self.interval + 0.1, 3.0)
 
     def sample(self) -> None:
+        """Read every registered slot's heartbeat counter once and note whether it moved (one bounded multi_get)."""
         slots = registered_slots(self.store)
         if slots:
             names = [keys.heartbeat(s) for s in slots]
@@ -134,6 +181,11 @@ class JobReader:
                 self._observer.observe(name, beat)
 
     def read(self) -> JobView:
+        """The job as it is now, with heartbeat ages as observed so far (this read samples once more).
+
+        Also refreshes `incidents`. A one-shot observer calls `watch(window())` first, so that live slots show a
+        fresh age.
+        """
         if not self._timed:
             self._read_timing()
         self.sample()

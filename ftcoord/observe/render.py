@@ -1,4 +1,4 @@
-"""`ftcoord status` on a terminal: one job's view (ftcoord.observe.job_view.JobView) as rich tables that fit 80 columns."""
+"""`ftcoord status` on a terminal: one job's view (ftcoord.observe.job_view.JobView) as rich tables, 80 columns."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ _STATE_STYLE = {"stale": "yellow", "fenced": "red", "dead": "red", "replacing": 
 
 
 def render(view: JobView) -> Group:
+    """The job's header, its slots, and (when there are any) still threads, recent generations and incidents."""
     return Group(_header(view), _slots(view), *_still(view), *_recent(view), *_incidents(view))
 
 
@@ -54,8 +55,8 @@ def _slots(view: JobView) -> Table:
 
 
 def _still(view: JobView) -> list[Text]:
-    """Training threads standing still, not waiting on their peers, and where (ftcoord.liveness.still_stack): the slots the
-    leader fences as hung at progress_timeout."""
+    """Training threads standing still, not waiting on their peers, and where (ftcoord.liveness.still_stack): the
+    slots the leader fences as hung at progress_timeout."""
     still = [s for s in view.slots if s.still_at]
     if not still:
         return []

@@ -1,30 +1,13 @@
 """Evidence of a member's death from its peers' failed collectives: no heartbeat timeout to wait.
 
-When a process dies with no launcher left to report it (its node is lost), its peers learn at once:
-their gloo collective fails with "Connection closed by peer [10.0.0.7]:41234". That proves that some
-member of the generation died or left it; it does not prove which one (gloo tears down pairs in a
-cascade, so a survivor may name a live peer, and each names only the first connection that broke).
-A live process proves itself on request: its heartbeat thread beats whatever its training thread is
-doing, and its interrupt monitor, which waits on the generation's interrupt and then on its probe key, has it
-beat at once when either appears. So once a generation has a closed-connection report, the leader ends the
-generation and asks its members to beat now (`Probe`, once per generation), and a member that
-has not rejoined, did not announce that it was leaving on purpose, and did not beat within
-`Timing.probe_grace` of the question (0.25 s), or for 1.5 intervals (`Timing.evidence_silence`), is
-gone: the leader decides without it instead of waiting for the 5 s heartbeat timeout. (Silence alone
-cost up to 0.75 s at the default interval: a lost node's median stall was 0.55 s.) Nobody is fenced
-on this evidence: a member that was alive after all (a paused process) joins the next generation
-and the job grows back.
-
-A node that stops answering without its connections closing (power or network lost: a partition) leaves no such
-evidence: its silence is, after heartbeat_timeout, and the members blocked in a collective with it are released then,
-by the interrupt that declares it dead, or by the leader's declaration to the generation when another reason had
-ended it first (ftcoord.liveness.group_release), not by gloo's pg_timeout.
-
-Members publish the local addresses of their group's connections when the group forms, so a
-report names the member it saw close (for the log and the operator); a member that leaves a
-generation on purpose (an in-process restart) announces it before it shuts its sockets down.
-Both lists are one append-only key per generation (`gen/<g>/addresses`, `gen/<g>/evidence`): one
-store operation to publish, one to read, deleted with the generation's other keys.
+A process that dies with its connections closing (its node lost, no launcher left to report it) fails its peers'
+gloo collective at once: "Connection closed by peer [ADDR]:PORT". That proves some member of the generation died or
+left it, not which one (gloo tears pairs down in a cascade, so a survivor may name a live peer). So the leader ends
+the generation and asks its members to beat now (`Probe`); a member that has not rejoined, did not announce leaving,
+and stays silent is gone: the leader decides without it. Nobody is fenced on this evidence: a member that was alive
+after all (a paused process) joins the next generation. A node that stops answering with its connections open (a
+partition) leaves no evidence: its silence is, after heartbeat_timeout. Both lists (members' addresses and the
+evidence) are one append-only key per generation: one store operation to publish, one to read.
 """
 
 from __future__ import annotations
@@ -64,6 +47,8 @@ def local_addresses(sockets: dict[int, str]) -> list[str]:
 
 
 def publish_addresses(store: dist.Store, generation: int, slot: int, addresses: list[str]) -> None:
+    """Publish this member's end of its group's connections when the group forms (keys.addresses), so a report of
+    a closed connection names the member it saw close (for the log and the operator)."""
     store.append(keys.addresses(generation), f"{slot} {','.join(addresses)}\n")
 
 
@@ -126,10 +111,14 @@ def closed_named(store: dist.Store, generation: int) -> set[int]:
 
 
 class Probe:
-    """A leader's question to every live member of a generation: beat now. Asked once per generation with a
-    closed connection, by ending the generation (its interrupt) and setting its probe key: each member's
-    interrupt monitor waits on one, then on the other, and has its heartbeat thread beat at once (ftcoord.liveness.interrupt_watch),
-    so a member that stays silent for `Timing.probe_grace` after the question is gone (module docstring)."""
+    """A leader's question to every live member of a generation: beat now.
+
+    A live process proves itself on request: its heartbeat thread beats whatever its training thread is doing. The
+    question is asked once per generation with a closed connection, by ending the generation (its interrupt) and
+    setting its probe key: each member's interrupt monitor waits on one, then on the other, and has its heartbeat
+    thread beat at once (ftcoord.liveness.interrupt_watch). A member of the generation that has not rejoined and did
+    not beat within `Timing.probe_grace` of the question, or for `Timing.evidence_silence`, is gone.
+    """
 
     def __init__(self, store: dist.Store) -> None:
         self._store = store

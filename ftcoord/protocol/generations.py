@@ -148,13 +148,12 @@ def await_announcements(store: dist.Store, generation: int, expecting: int, unti
     """Poll a generation's announcements (one request every `poll_s`, by the leader only) until `expecting` were made,
     the monotonic time `until`, `stop` is set, or, with `stall_s`, their count stood still that long. Once `expecting`
     were made, the joiners key's value that showed it (b"" for none: parse_announcements reads it), so the decision
-    that follows does not read the list again (at 1,024 participants, ~60 KB and a round trip on the advance's
-    critical path, issue 17); otherwise None.
+    that follows does not read the list again (a round trip on the advance's critical path); otherwise None.
 
-    The count is the joiners key's lines, read whole: a member announces itself in one request (an append), where a
-    counter beside the list cost every member a second one on the advance's critical path (issue 17: 1,024 requests
-    per advance at 1,024 participants, for the leader's ~60 reads of a list of ~60 KB at most). No key per joiner, so
-    the store holds a fixed number of keys per generation whatever the job's size."""
+    The count is the joiners key's lines, read whole: a member announces itself in one request (an append); a
+    counter beside the list would cost every member a second request on the advance's critical path, to spare the
+    leader's few reads of the whole list. No key per joiner, so the store holds a fixed number of keys per
+    generation whatever the job's size."""
     seen, changed = -1, time.monotonic()
     while not stop.wait(poll_s) and time.monotonic() < until:
         raw = _joiners(store, generation)

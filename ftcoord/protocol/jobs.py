@@ -41,6 +41,7 @@ def describe(job: dist.Store, timing: Timing) -> None:
 
 
 def note_first_commit(job: dist.Store) -> None:
+    """Set FIRST_COMMIT to now, unless a process of the job set it already."""
     job.compare_set(FIRST_COMMIT, "", f"{time.time():.3f}")
 
 
@@ -51,6 +52,7 @@ def listed(base: dist.Store) -> list[str]:
 
 
 def info(job: dist.Store) -> dict[str, Any]:
+    """The job's `info` (its heartbeat timing, when it started) and `first_commit_unix` (None before a first commit)."""
     raw = get_or_none(job, keys.INFO)
     found: dict[str, Any] = json.loads(raw) if raw else {}
     first = get_or_none(job, FIRST_COMMIT)

@@ -12,12 +12,13 @@ DONE = "done"  # set when the job completed: every process exits 0
 STOP = "stop"  # "generation:slot:incarnation" of the first process asked to stop (SIGTERM)
 FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
-INFO = "info"  # JSON: the job's timing and when it first committed a step (ftcoord.protocol.jobs), for observers
+INFO = "info"  # JSON: the job's heartbeat timing and start time, for observers (ftcoord.protocol.jobs)
 LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.protocol.jobs)
 # "instance" holds "epoch:nonce", which life of the store server this is: the store layer reads and writes it
 # (ftcoord.store.link.INSTANCE_KEY), below the protocol.
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.protocol.slot_report)
-JOB_RESTARTS = "job_restarts"  # counter: whole-job restarts asked (`--restart-policy job`: ftcoord.launcher.job_restarts)
+# counter: whole-job restarts asked (`--restart-policy job`: ftcoord.launcher.job_restarts)
+JOB_RESTARTS = "job_restarts"
 
 
 def probe(generation: int) -> str:
@@ -98,8 +99,8 @@ ENDED = "ended"
 be decided under this number. Written with compare_set from absent, like a record, by whoever ends the job (the
 last member to finish; a leader that finds the job failed), so every process waiting for that record (a hot spare,
 a member rejoining after a fatal error) wakes at once, where it waits, instead of looking at the job's end after
-every slice of its wait (ftcoord.wrapper.generation_client). A number whose record is ENDED counts as decided (gen/current walks
-over it), so a stopped job that is launched again decides the numbers after it."""
+every slice of its wait (ftcoord.wrapper.generation_client). A number whose record is ENDED counts as decided
+(gen/current walks over it), so a stopped job that is launched again decides the numbers after it."""
 
 
 def joiners(generation: int) -> str:
@@ -121,7 +122,8 @@ def interrupt(generation: int) -> str:
 def released(generation: int) -> str:
     """Set once ("<reason>:slot=<member>", first wins) when the leader declares a member of this generation dead after
     another reason had ended it: a member still blocked in one of its collectives shuts its group down
-    (ftcoord.liveness.group_release); none is written when the death itself ended the generation (its interrupt says so)."""
+    (ftcoord.liveness.group_release); none is written when the death itself ended the generation (its interrupt
+    says so)."""
     return f"gen/{generation}/released"
 
 
@@ -141,7 +143,8 @@ def evidence(generation: int) -> str:
 
 
 def arrived(generation: int) -> str:
-    """Counter of members that reached the generation's rendezvous (see CallWrapper.init_process_group)."""
+    """Counter of members that reached the generation's rendezvous
+    (see ftcoord.wrapper.call.CallWrapper.init_process_group)."""
     return f"gen/{generation}/arrived"
 
 
@@ -157,7 +160,7 @@ def process_group(generation: int) -> str:
 
 def gloo_rendezvous(generation: int, rank: int) -> str:
     """The key gloo's full-mesh rendezvous writes for `rank` under process_group(generation): the default group
-    ("0"), its CPU device, its first context (torch 2.14; read off the wire). Its host's name and address, ~150
-    bytes whatever the world size with the options ftcoord sets (call.GLOO_RENDEZVOUS_OPTIONS; 8 bytes more per
-    peer without them): forgotten with the generation (decisions.forget)."""
+    ("0"), its CPU device, its first context (gloo's layout in torch 2.14). Its host's name and address, ~150 bytes
+    whatever the world size with the options ftcoord sets (ftcoord.wrapper.call.GLOO_RENDEZVOUS_OPTIONS; 8 bytes
+    more per peer without them): forgotten with the generation (ftcoord.protocol.generations.forget)."""
     return f"{process_group(generation)}/0//cpu//0/{rank}"

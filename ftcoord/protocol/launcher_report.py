@@ -25,18 +25,22 @@ exception, `sys.exit(1)`); or the whole job was restarted (--restart-policy job)
 
 
 def exit_kind(code: int, fenced: bool) -> str:
+    """The RESTART_KINDS entry of a process that exited with `code` (negative: the signal that killed it)."""
     if fenced and code == -signal.SIGKILL:
         return "fenced"
     return "signal" if code < 0 else "exit"
 
 
 def standby_state(enabled: bool, alive: bool, ready: bool) -> str:
+    """The slot's warm standby, in a word: "off", "none" (not running), "warming" or "ready"."""
     if not enabled:
         return "off"
     return "ready" if alive and ready else "warming" if alive else "none"
 
 
 def publish(store: dist.Store, slot: int, pid: int | None, restarts: Counter[str], standby: str) -> None:
+    """Write the slot's report under keys.launcher(slot): this node, this launcher's pid, the slot's process (`pid`),
+    its restarts by kind and its standby's state."""
     value = {"host": socket.gethostname(), "launcher_pid": os.getpid(), "pid": pid,
              "restarts": {kind: restarts.get(kind, 0) for kind in RESTART_KINDS}, "standby": standby}
     store.set(keys.launcher(slot), json.dumps(value, separators=(",", ":")))

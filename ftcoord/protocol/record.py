@@ -11,8 +11,7 @@ from typing import Any
 
 def shallow_fields(instance: Any) -> dict[str, Any]:
     """A dataclass's fields by name, as they are (json writes tuples as lists). Not dataclasses.asdict, which
-    deep-copies every value: 3.8 ms for a record of 1,024 members (0.27 ms this way), on the leader's path from the
-    last announcement to the decision."""
+    deep-copies every value: this runs on the leader's path from the last announcement to the decision."""
     return {f.name: getattr(instance, f.name) for f in fields(instance)}
 
 
@@ -27,8 +26,8 @@ class JoinRequest:
     """The training step whose state this process holds (-1: none)."""
 
     def to_json(self) -> str:
-        """json.dumps of its fields, compact, spelled out: every member encodes one per advance, and json.dumps's
-        dict walk was 3% of a simulated participant's CPU in an advance at 1,024 (chaos bench --scale)."""
+        """json.dumps of its fields, compact, spelled out without json.dumps's dict walk: every member encodes one
+        per advance."""
         return (f'{{"generation":{int(self.generation)},"slot":{int(self.slot)},'
                 f'"incarnation":{int(self.incarnation)},"step":{int(self.step)}}}')
 
@@ -77,6 +76,8 @@ class GenerationRecord:
     """
 
     generation: int
+    """The generation's number (epoch e of the store numbers its generations above e * EPOCH_SPAN:
+    ftcoord.protocol.generations)."""
     members: tuple[int, ...]
     """Slots in rank order: rank r is members[r]."""
     incarnations: tuple[int, ...]
@@ -84,7 +85,9 @@ class GenerationRecord:
     leader: int
     """Slot of the process that decided this record."""
     leader_term: int
+    """The term of the leader claim under which the record was decided (ftcoord.protocol.generations.LeaderClaim)."""
     target_world_size: int
+    """The job's target world size when the record was decided (QuorumPolicy.target_world_size)."""
     heal_source: int | None = None
     """Rank of the member holding the most advanced state (max step, lowest rank on ties)."""
     start_step: int = -1
@@ -104,30 +107,46 @@ class GenerationRecord:
     together (ftcoord.liveness.interrupt_watch)."""
     left_out: tuple[tuple[int, int], ...] = ()
     """(slot, incarnation) of the live processes left out at a last call, or on the evidence of a closed connection,
-    and not awaited again until they announce themselves (ftcoord.leader.readiness.still_left_out): in the record, so a new
-    leader does not wait for them once more."""
+    and not awaited again until they announce themselves (ftcoord.leader.readiness.still_left_out): in the record,
+    so a new leader does not wait for them once more."""
 
     @property
     def world_size(self) -> int:
+        """The number of members."""
         return len(self.members)
 
     def rank_of(self, slot: int, incarnation: int) -> int | None:
-        """This process's rank, or None when it is not a member (or a stale incarnation)."""
+        """A process's rank, or None when it is not a member (or a stale incarnation of one).
+
+        Args:
+            slot: the process's slot.
+            incarnation: the process's incarnation of that slot.
+        """
         rank = self._ranks.get(slot)
         return rank if rank is not None and self.incarnations[rank] == incarnation else None
 
     def rank_of_member(self, slot: int) -> int | None:
-        """The rank of member slot `slot`, whichever its incarnation; None when it is not a member."""
+        """The rank of a member slot, whichever its incarnation; None when it is not a member.
+
+        Args:
+            slot: the slot to look up.
+        """
         return self._ranks.get(slot)
 
     @cached_property
     def _ranks(self) -> dict[int, int]:
         """Each member slot's rank (a slot is a member once at most). A record is parsed once per process and shared
-        (from_json), so this is built once for all its participants; a scan of thousands of members per question
-        was 2% of a simulated participant's CPU in an advance at 1,024."""
+        (from_json), so this is built once for all its participants, not a scan of thousands of members per
+        question."""
         return {slot: rank for rank, slot in enumerate(self.members)}
 
     def was_considered(self, slot: int, incarnation: int) -> bool:
+        """Whether the decision saw this process's join (as a member or a spare).
+
+        Args:
+            slot: the process's slot.
+            incarnation: the process's incarnation of that slot.
+        """
         return (slot, incarnation) in self._considered_set
 
     @cached_property
@@ -136,9 +155,9 @@ class GenerationRecord:
 
     def to_json(self) -> str:
         """The record's text in the store: its integer sequences compacted (compact_ints), its other fields as they
-        are. Every member reads the record at each advance, so its size is paid once per member: plain lists took 16 KB
-        at 1,024 members (16 MB through the store per advance, 4,096 members four times that per member); members in
-        slot order, their incarnations, their steps and the processes considered are each a run or a few."""
+        are. Every member reads the record at each advance, so its size is paid once per member (the store sends
+        it to each); members in slot order, their incarnations, their steps and the processes
+        considered are each a run or a few."""
         data = shallow_fields(self)
         for key in _SEQUENCES:
             data[key] = compact_ints(data[key])
@@ -169,7 +188,7 @@ class GenerationRecord:
         if isinstance(considered, dict):
             data["considered"] = tuple(zip(expand_ints(considered["slots"]), expand_ints(considered["incarnations"]),
                                            strict=True))
-        else:  # pairs, as plain lists were written
+        else:  # a list of [slot, incarnation] pairs: the plain form
             data["considered"] = tuple(tuple(pair) for pair in considered)
         data["left_out"] = tuple(tuple(pair) for pair in data.get("left_out", ()))
         return cls(**data)

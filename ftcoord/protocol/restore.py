@@ -1,24 +1,13 @@
-"""Rebuilding a restarted, empty store from what the job's processes hold (ftcoord.store.link calls these
-on every process that moves to the store's next instance, before any other operation of that process).
+"""Rebuilding a restarted, empty store from what the job's processes hold.
 
-The store is a cache of coordination; the members hold the truth. What each key becomes:
-- **restored** by every process that knows it: each slot's registration (its incarnation, never lowered;
-  the counters ftcoord's reads expect), the record of the generation a process is in or waits after
-  (records are immutable, so every holder writes the same value with compare_set from absent; a
-  different value already there means this process's lineage forked: it is superseded), the
-  generation's interrupt when the process saw one, `gen/current` (only forward), the leader's term (the
-  holder writes its claim; every other process "term:released": a term never goes back), `done`,
-  `stopped` and `fatal` when a process saw them, a member's `finished` count, the job's index entry and
-  info. Every member of a restored record is registered too, by whoever restores it: a member that never
-  comes back (killed while the store was away) then has a heartbeat that never moves, and is judged
-  like any silent process.
-- **made safe to lose**: fences (the leader forgets what it fenced and fences again; a fence's term
-  still fences a deposed leader, since terms only grow), probes (counted from 0 again), the join
-  announcements of an open generation (a joiner that sees a new instance announces itself again for
-  the next number of the new epoch), evidence, rendezvous keys (a group that formed needs the store no
-  more), a slot's status and launcher report (published again), incidents already reported.
-- **never restored**: generation numbers of the lost instance beyond what some process holds; the new
-  epoch decides above them (ftcoord.protocol.generations.next_generation).
+A process's `StoreLink.on_new_instance` callbacks (ftcoord.store.link) call these when it moves to the store's
+next instance, before any other operation of it. The store is a cache of coordination; the members hold the truth.
+Every process restores what it knows: its slot's registration (the incarnation never lowered), the record of the
+generation it is in or waits after (records are immutable: every holder writes the same value; another value there
+means this process's lineage forked, and it is superseded), that generation's interrupt, `gen/current` (only
+forward), the leader's term, how the job ended. Every member of a restored record is registered too, so one that
+never comes back is judged like any silent process. The other keys are safe to lose; numbers of the lost instance
+beyond what some process holds are never restored (ftcoord.protocol.generations.next_generation decides above them).
 """
 
 from __future__ import annotations
@@ -65,7 +54,8 @@ def record(store: dist.Store, held: GenerationRecord, interrupted: str | None) -
 
 
 def leader_term(store: dist.Store, claim: str | None, term: int) -> None:
-    """The leader key again: the holder's claim, or the highest term this process saw, released."""
+    """The leader key again: the holder's claim, or the highest term this process saw, released ("term:released"),
+    so a term never goes back."""
     store.compare_set(keys.LEADER, "", claim if claim is not None else f"{term}:released")
 
 

@@ -2,23 +2,12 @@
 
 The training thread only writes local fields (`committed`, `joined`, `left`, `checkpoint_stall`): no store
 operation is added to the step path. The heartbeat thread publishes them at its next beat
-(`ftcoord.liveness.heartbeat`): the slot's status as one JSON value under `slot/<s>/status`, and each incident as
-one JSON line appended to the job's `incidents` list, also logged as one `generation_changed` event.
-
-An incident is measured by one process only, on its own monotonic clock (no cross-host time): the new
-generation's heal source, the member with the most advanced state, which was training when the fault
-came. From its last committed step before the fault to its first committed step after it:
-
-- `detect_s`: from that last commit until it left the generation (the fault came in between, so this
-  bounds detection from above);
-- `stall_s`: until its first commit in the new generation (detection, the decision, the rendezvous, the
-  heal and one step);
-- `lost_steps`: steps it had committed that the new generation trains again;
-- `cost_s`: the training time the fault took away: the stall beyond one ordinary step, plus the lost steps.
-
-`ftcoord status`, the launcher's metrics (`ftcoord_recovery_seconds` observes `stall_s`) and the chaos
-report read these same numbers. A change with no survivor to measure it (every process died, a cold
-start from a checkpoint) has no incident.
+(ftcoord.liveness.heartbeat): the slot's status as one JSON value under `slot/<s>/status`, and each `Incident` as
+one JSON line appended to the job's `incidents` list, also logged as one `generation_changed` event. An incident is
+measured by one process only, on its own monotonic clock (no cross-host time): the new generation's heal source, if
+it was training when the fault came. A change with no survivor to measure it (every process died, a cold start from
+a checkpoint) has no incident. `ftcoord status`, the launcher's metrics (`ftcoord_recovery_seconds` observes
+`stall_s`) and the chaos report read these same numbers.
 """
 
 from __future__ import annotations
@@ -40,20 +29,31 @@ _RATE_WINDOW = 32  # commits the steps/s are measured over
 
 @dataclass(frozen=True)
 class Incident:
+    """One generation change as its witness measured it: from its last committed step before the fault to its first
+    committed step after it."""
+
     generation: int
     """The generation the job changed to."""
     previous: int
     """The generation the witness left."""
     cause: str
+    """Why the witness left the previous generation."""
     witness: int
     """The slot that measured it."""
     world_size: int
+    """The new generation's world size."""
     detect_s: float
+    """Seconds from the witness's last commit until it left the generation: the fault came in between, so this
+    bounds detection from above."""
     stall_s: float
+    """Seconds from that last commit until its first commit in the new generation (detection, the decision, the
+    rendezvous, the heal and one step)."""
     lost_steps: int
+    """Steps it had committed that the new generation trains again."""
     step_s: float | None
     """The witness's median step time before the fault (None: it had committed fewer than two steps)."""
     cost_s: float
+    """Seconds of training the fault took away: the stall beyond one ordinary step, plus the lost steps."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -95,7 +95,8 @@ class SlotReport:
         self.in_process_restarts = 0
         self.checkpoint_stalls = StallCounts()
         self.still_at: str | None = None
-        """Where the training thread stands still, once ftcoord.liveness.still_stack logged it (heartbeat thread only)."""
+        """Where the training thread stands still, once ftcoord.liveness.still_stack logged it (heartbeat thread
+        only)."""
         self._commits: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW)
         """(time, step) of this generation's recent commits."""
         self._last_commit: tuple[float, int] | None = None

@@ -19,7 +19,9 @@ class StoreAddress:
     """Where the external TCPStore server listens."""
 
     host: str
+    """The server's host name or IP address (IPv6 without brackets)."""
     port: int
+    """The server's TCP port, 1 to 65535."""
 
     @classmethod
     def parse(cls, text: str) -> StoreAddress:

@@ -1,18 +1,12 @@
 """The store link's watchdog: a store call left unanswered is cut, unless the store is slow rather than hung.
 
-A TCPStore call to a server that stopped answering (SIGSTOP, a frozen host) blocks past every timeout of
-TCPStore's own, so every call of a StoreLink (ftcoord.store.link) is watched: one unanswered for `op_timeout`
-beyond its own wait has its sockets shut down, which fails it, and the link reconnects.
-
-Unanswered is not the same as hung. A store that is slow but answers (its queue longer than op_timeout: a burst of
-thousands of clients, a host starved of CPU) was cut all the same: every call waiting in its queue at once, then
-every process reconnecting at once, to a store that was already behind (`chaos bench --scale`, before its processes
-were scheduled as hosts: 170 calls cut in one moment, then their reconnections). So a call is cut when it is overdue
-*and* the store has answered nothing of this process for op_timeout (silence, which a hung store shows and a slow
-one does not); a call the store is slow to answer while it answers the process's others is looked at again when the
-silence could reach op_timeout, and cut anyway SLOW_LIMIT op_timeouts beyond its own wait (its connection may be
-stuck on its own). A hung store's calls are cut as before: op_timeout after the later of the call's start and the
-store's last answer.
+A TCPStore call to a server that stopped answering (SIGSTOP, a frozen host) blocks past every timeout of TCPStore's
+own, so every call of a StoreLink (ftcoord.store.link) is watched. A call is cut (its sockets shut down, which
+fails it, and the link reconnects) when it is overdue, `op_timeout` beyond its own wait, *and* the store has
+answered nothing of this process for op_timeout: a hung store is silent, a slow one is not. A slow store (a long
+queue: a burst of thousands of clients, a host starved of CPU) must not be cut, or every process reconnects at once
+to a store that is already behind. Its call is looked at again when the silence could reach op_timeout, and cut
+anyway SLOW_LIMIT op_timeouts beyond its own wait (its connection may be stuck on its own).
 """
 
 from __future__ import annotations
@@ -49,15 +43,18 @@ class CallWatch:
 
     Every store call of the process is watched and unwatched, so both are a dict's single operation, with no lock
     (atomic under the interpreter lock: a token from itertools.count, an insertion, a pop); the thread reads a copy
-    of the watched calls (a list made in one operation), never the dict while others change it. With a lock and a
-    dataclass per call, watching cost 5 us of a call's 31 us in an event-loop worker (a linked `add` over
-    chaos.scale.wire_store's client, measured alone): about a sixth of what a simulated participant of `chaos bench
-    --scale` spent on each of its ~7 store calls an advance (issue 17)."""
+    of the watched calls (a list made in one operation), never the dict while others change it.
+
+    Args:
+        op_timeout: how long a call may go unanswered beyond its own wait, in seconds (Timing.store_op_timeout).
+        closed: set when the link closes; the thread ends then.
+        sockets_since: `sockets_since(before)`: the sockets to the store opened since `before` (a connection being
+            made has no sockets of its own yet).
+        log: the structlog logger that gets `store_call_slow` and `store_call_unanswered`.
+    """
 
     def __init__(self, op_timeout: float, closed: threading.Event,
                  sockets_since: Callable[[dict[int, str]], dict[int, str]], log: Any) -> None:
-        """`closed`: set when the link closes (the thread ends); `sockets_since(before)`: the sockets to the store
-        opened since `before` (a connection being made has no sockets of its own yet)."""
         self.op_timeout = op_timeout
         self.answered_at = -math.inf
         """When the store last answered a call of this process (monotonic)."""
@@ -69,6 +66,7 @@ class CallWatch:
         self._thread = threading.Thread(target=self._run, name="ftcoord-store-watch", daemon=True)
 
     def start(self) -> None:
+        """Start the watching thread."""
         self._thread.start()
 
     def watch(self, seconds: float, sockets: dict[int, str] | None, before: dict[int, str]) -> int:
@@ -82,6 +80,7 @@ class CallWatch:
         return token
 
     def unwatch(self, token: int) -> None:
+        """The call of `token` returned (or failed): it is not cut."""
         self._watched.pop(token, None)
 
     def answered(self) -> None:
@@ -92,8 +91,7 @@ class CallWatch:
         """How long the thread may sleep: until the earliest time a call it watches may be cut, op_timeout when it
         watches none. Every call is watched for at least op_timeout from its start, so one that starts during the
         sleep is never due before the sleep ends: the thread wakes only when a call may be overdue, not every second
-        (at scale, `chaos bench --scale`, a thread per process that woke every second for nothing was a sixth of the
-        wakeups of an idle participant)."""
+        (a thread per process, at scale)."""
         earliest = min((watched.due for watched in list(self._watched.values())), default=None)
         if earliest is None:
             return self.op_timeout

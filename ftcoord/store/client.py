@@ -32,8 +32,12 @@ def connect(
 ) -> dist.TCPStore:
     """Connect to a running store server, retrying with exponential backoff.
 
-    `on_wait` is called once, with the error, when the first attempt fails (say what is being waited
-    for, rather than wait `deadline` seconds in silence).
+    Args:
+        address: the server, as a StoreAddress or "host:port" ("[::1]:port" for IPv6).
+        deadline: the total time to keep trying, in seconds (default 30).
+        op_timeout: the client's timeout for each later store operation (default 300 s).
+        on_wait: called once, with the error, when the first attempt fails, so the caller can say what it waits
+            for rather than wait `deadline` seconds in silence; None: nothing is called.
 
     Raises:
         StoreUnavailable: nothing answered at host:port before `deadline` seconds.
@@ -44,8 +48,8 @@ def connect(
     def attempt() -> dist.TCPStore:
         left = max(0.2, deadline - (time.monotonic() - started))
         # Knock first: TCPStore's constructor retries a refused connection inside, and can take twice
-        # its timeout before it gives up (seen: 4.3 s for a 1.5 s deadline), so it is only asked once
-        # something listens. A refused knock is answered at once and retried here, with backoff.
+        # its timeout before it gives up, so it is only asked once something listens. A refused knock
+        # is answered at once and retried here, with backoff.
         with socket.create_connection((addr.host, addr.port), timeout=min(left, 2.0)):
             pass
         # One attempt may use all the time left: a slow reverse-DNS lookup can take seconds on its own.
@@ -82,7 +86,15 @@ def connect(
 
 
 def job_store(store: dist.Store, job_id: str) -> dist.PrefixStore:
-    """The view of the store that holds one job's keys (`ftcoord/<job_id>/...`)."""
+    """The view of the store that holds one job's keys (`ftcoord/<job_id>/...`).
+
+    Args:
+        store: a client of the store server (what `connect` returns).
+        job_id: the job's id: 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit.
+
+    Raises:
+        ConfigError: `job_id` has another character, or another length.
+    """
     return dist.PrefixStore(f"{KEY_PREFIX}/{check_job_id(job_id)}", store)
 
 
@@ -120,9 +132,9 @@ def wait_for_key(store: dist.Store, key: str, timeout: float) -> bool:
     """Wait up to `timeout` seconds for a key to exist; True when it does.
 
     A store wait can end before its key exists: TCPStore wakes every waiter of a key whenever anyone
-    compare_sets it, even a compare that sets nothing (`get_or_none` of the absent key). Seen: an operator's
-    `ftcoord status` reading a generation's absent interrupt key interrupted that generation every second.
-    So the key is checked after every wake, and the wait goes on for the rest of the timeout.
+    compare_sets it, even a compare that sets nothing (`get_or_none` of the absent key, as an observer reads).
+    A wake taken for the key would act on a key nobody set (an interrupt nobody asked for), so the key is
+    checked after every wake, and the wait goes on for the rest of the timeout.
     """
     if timeout <= 0:
         return bool(store.check([key]))

@@ -1,35 +1,11 @@
-"""Store clients that survive the store: they reconnect, bound every operation, and know which instance
-of the store server they talk to.
+"""Store clients that survive the store: they reconnect, bound every operation, and know the server's instance.
 
-What TCPStore does not do (measured, torch 2.14.1): its clients never reconnect after the server went
-away (every later operation raises DistNetworkError), and a server that stops answering (SIGSTOP, a hung
-host) hangs its clients past every timeout (a `get` with a 1 s client timeout still blocked after 100 s).
-
-A `StoreLink` is one process's access to the store of one job. Each thread takes its own `LinkedStore`
-from it (one client per thread: a thread blocked in `wait` holds its client). A LinkedStore offers the
-operations of `dist.Store` that ftcoord uses, under the job's key prefix (or none, for the store's job
-index), and:
-- **bounds every operation** (ftcoord.store.call_watch): one unanswered for `op_timeout` beyond its own wait, while the
-  store has answered nothing of this process for op_timeout, has its socket shut down (as ftcoord.host.group_sockets
-  releases a hung collective) and counts as a server gone away; a store that is slow but answers is waited for
-  (up to 3 op_timeouts), not cut and reconnected to by every process at once;
-- **reconnects** to the same address, with backoff, and runs the operation again; when the store stays
-  away `store_timeout` seconds from the moment this process first noticed, every operation raises
-  StoreLost: one line that names the address, how long it waited and what to do;
-- **knows the instance**. A restarted server is empty. Each job keeps `instance` = "epoch:nonce" in the
-  store: the first process to reconnect to an empty store writes the epoch it knew plus one (with
-  compare_set from absent; a process started by ftcoord-launch knows its launcher's instance from
-  FTCOORD_STORE_INSTANCE). Only a job's participants write epoch 0, for a job new to the store: a launcher or
-  an observer that knows no instance cannot tell a new job's store from a restarted one, and writes nothing.
-  Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a lost instance may have decided
-  is ever decided again (ftcoord.protocol.generations.next_generation). A process
-  that finds the next epoch rebuilds the store from what it holds (`on_new_instance` callbacks: its
-  registration, its generation's record, the leader's term; ftcoord.protocol.restore), under the link's lock,
-  before any of its other operations runs; one that finds any other instance than its own or the next
-  was cut off through more than one restart: it is superseded and exits (its launcher replaces it).
-An operation retried in a new instance is the same operation; a write that must not cross instances
-(a leader's record: its judgement was made on the old one) pins the instance it was decided on, and
-raises StoreRestarted instead of being retried there.
+TCPStore's own clients never reconnect after the server went away, and a server that stops answering hangs them
+past every timeout. A `StoreLink` is one process's access to the store of one job; each thread takes its own
+`LinkedStore` from it (one client per thread: a thread blocked in `wait` holds its client). A LinkedStore bounds
+every operation (ftcoord.store.call_watch), reconnects with backoff and runs the operation again, and raises
+StoreLost once the store stayed away `store_timeout` seconds. Each job keeps the store's `instance` ("epoch:nonce")
+in it: a restarted, empty server gets the next epoch, and a process that moves to it rebuilds what it held.
 """
 
 from __future__ import annotations
@@ -66,8 +42,7 @@ T = TypeVar("T")
 _RETRY_MAX_S = 0.25  # the longest pause between two reconnection attempts: a returned store is seen within it
 _REQUESTS = {"get": 2, "multi_get": 2}
 """Requests the server handles per call, where more than one: TCPStore's get and multi_get wait for their keys
-first (measured with a 10 ms proxy: 2 round trips; add, check and compare_set 1; set and append 1 but no reply
-waited for)."""
+first (2 round trips; add, check and compare_set 1; set and append 1 but no reply waited for)."""
 _OPENING = threading.Lock()
 """Held while a client is made (StoreLink._open): what sockets it opened is told apart by when they appeared."""
 
@@ -138,7 +113,28 @@ def _prefixed(raw: Any, prefix: str) -> dist.Store:
 
 
 class StoreLink:
-    """One process's access to one job's store: makes the clients, reconnects them, watches them."""
+    """One process's access to one job's store: makes the clients, reconnects them, watches them.
+
+    Bounds: a call unanswered for `op_timeout` beyond its own wait, while the store has answered nothing of this
+    process for op_timeout, has its socket shut down (as ftcoord.host.group_sockets releases a hung collective) and
+    counts as a server gone away; a store that is slow but answers is waited for (up to SLOW_LIMIT op_timeouts), not
+    cut and reconnected to by every process at once. Reconnection: to the same address, with backoff; when the store
+    stays away `store_timeout` seconds from the moment this process first noticed, every operation raises StoreLost,
+    one line that names the address, how long it waited and what to do.
+
+    The instance. A restarted server is empty. The first process to reconnect to an empty store writes the epoch it
+    knew plus one (compare_set from absent; a process started by ftcoord-launch knows its launcher's instance from
+    FTCOORD_STORE_INSTANCE). Only a job's participants write epoch 0, for a job new to the store: a launcher or an
+    observer that knows no instance cannot tell a new job's store from a restarted one, and writes nothing.
+    Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a lost instance may have decided is ever
+    decided again (ftcoord.protocol.generations.next_generation). A process that finds the next epoch rebuilds the
+    store from what it holds (`on_new_instance` callbacks: its registration, its generation's record, the leader's
+    term; ftcoord.protocol.restore), under the link's lock, before any of its other operations runs; one that finds
+    any other instance than its own or the next was cut off through more than one restart: it is superseded and
+    exits (its launcher replaces it). An operation retried in a new instance is the same operation; a write that
+    must not cross instances (a leader's record: its judgement was made on the old one) pins the instance it was
+    decided on, and raises StoreRestarted instead of being retried there.
+    """
 
     open_client: Callable[[StoreAddress, float], Any] = staticmethod(tcpstore_client)
     """How a link opens a client: (address, timeout) -> a connected client with the dist.Store operations. A
@@ -148,10 +144,22 @@ class StoreLink:
     def __init__(self, address: StoreAddress | str, job_id: str, *, connect_timeout: float = 30.0,
                  store_timeout: float = 300.0, op_timeout: float = 10.0, known: Instance | None = None,
                  may_start_job: bool = False, on_wait: Callable[[BaseException], None] | None = None) -> None:
-        """`known`: the instance this process knows already (its launcher's); `may_start_job`: a process that
-        knows none may write epoch 0 into a store without one (a job's participants; not a launcher or an
-        observer); `on_wait(error)`: called once when the first connection attempt fails (see
-        ftcoord.store.client.connect)."""
+        """A link to the store at `address` for one job; the first client comes from `connect()`.
+
+        Args:
+            address: the store server, as a StoreAddress or "host:port".
+            job_id: the job whose keys the prefixed clients see (ftcoord.store.address.check_job_id).
+            connect_timeout: the deadline of the first connection, in seconds (default 30).
+            store_timeout: how long the store may stay away before every operation raises StoreLost, in seconds
+                (default 300).
+            op_timeout: how long a call may go unanswered beyond its own wait, in seconds (default 10;
+                Timing.store_op_timeout).
+            known: the instance this process knows already (its launcher's); None: none.
+            may_start_job: whether a process that knows no instance may write epoch 0 into a store without one
+                (a job's participants; not a launcher or an observer).
+            on_wait: `on_wait(error)`, called once when the first connection attempt fails (see
+                ftcoord.store.client.connect); None: nothing is called.
+        """
         self.address = StoreAddress.parse(address) if isinstance(address, str) else address
         self.job_id = check_job_id(job_id)
         self.connect_timeout = connect_timeout
@@ -176,6 +184,7 @@ class StoreLink:
 
     @property
     def epoch(self) -> int:
+        """The epoch of the store instance this process is in (0 while it knows none)."""
         return self.instance.epoch if self.instance is not None else 0
 
     @property
@@ -229,6 +238,7 @@ class StoreLink:
         return first
 
     def close(self) -> None:
+        """Stop watching calls and reconnecting (its clients' in-flight calls are not cut: LinkedStore.close)."""
         self._closed.set()
 
     # -- connections ----------------------------------------------------------------------
@@ -505,9 +515,10 @@ class LinkedStore:
         return self._call("get", lambda s: s.get(key))
 
     def get_within(self, key: str, timeout: float, *, pinned: int | None = None) -> bytes:
-        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then; ftcoord.store.client.timed_get).
-        b"" when a wake found the key absent (see ftcoord.store.client.wait_get). `pinned`: raise StoreRestarted, rather than
-        wait on in a new instance, when the store restarts (a wait for what only the old instance would decide)."""
+        """`get` whose wait for the key ends after `timeout` seconds (DistStoreError then;
+        ftcoord.store.client.timed_get). b"" when a wake found the key absent (see ftcoord.store.client.wait_get).
+        `pinned`: raise StoreRestarted, rather than wait on in a new instance, when the store restarts (a wait for
+        what only the old instance would decide)."""
         try:
             return self._call("get", lambda s: timed_get(s, key, timeout), wait_s=timeout, pinned=pinned)
         except dist.DistStoreError:  # the wait timed out and was cancelled: the read was never sent
@@ -576,9 +587,8 @@ def pinned_multi_get(store: Any, pinned: int | None, names: list[str]) -> list[b
 
 MULTI_GET_BYTES = 16 * 1024
 """The most key bytes in one multi_get of bounded_multi_get. The store's CPU per request grows much faster than its
-keys past ~30 KB (torch 2.14.1's libuv server, measured here: 24,576 slot keys of 38 bytes read in requests of
-16 KB cost the store 29 ms, of 48 KB 60 ms, in one request 862 ms, while every other client waited; the client's
-own CPU was alike, 36-46 ms), so a read of many keys is cut into requests of this size at most."""
+keys in large requests, and every other client waits meanwhile, so a read of many keys is cut into requests of this
+size at most."""
 
 
 def bounded_multi_get(store: Any, names: list[str], pinned: int | None = None, together: int = 1,

@@ -1,5 +1,5 @@
 """The store's listening socket, bound without importing torch: `ftcoord-store` answers a taken port in
-a fraction of a second (importing torch first took 4-6 s on a busy machine)."""
+a fraction of a second, before it pays for importing torch."""
 
 from __future__ import annotations
 

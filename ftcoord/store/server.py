@@ -1,8 +1,8 @@
-"""`ftcoord-store`: a standalone TCPStore server that outlives every rank.
+"""The TCPStore server of a job: in this process (`StoreServer`) or in a child process (`StoreProcess`).
 
-It binds its own listening socket to the configured host (127.0.0.1 unless told
-otherwise) and hands it to TCPStore as `master_listen_fd`: left alone, TCPStore would
-listen on every interface, and the store has no authentication.
+The server outlives every rank. It binds its own listening socket to the configured host (127.0.0.1 unless told
+otherwise) and hands it to TCPStore as `master_listen_fd`: left alone, TCPStore would listen on every interface,
+and the store has no authentication. The `ftcoord-store` command (ftcoord.store.main) runs a StoreServer.
 """
 
 from __future__ import annotations
@@ -27,10 +27,19 @@ DEFAULT_PORT = DEFAULT_STORE_PORT
 
 
 class StoreServer:
-    """A TCPStore server in this process, listening on a socket we bound ourselves."""
+    """A TCPStore server in this process, listening on a socket we bound ourselves.
+
+    Args:
+        host: the interface to listen on (default 127.0.0.1: the store has no authentication).
+        port: the TCP port (default 29600; 0 picks a free one); ignored when `sock` is given (its port is used).
+        sock: a socket already listening on host:port (ftcoord.store.listen.bind_listen_socket), which TCPStore
+            owns from then on; None: one is bound here.
+
+    Raises:
+        PortInUse: the port is taken on that host (only when `sock` is None).
+    """
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sock: socket.socket | None = None) -> None:
-        """`sock`: a socket already listening on host:port (`ftcoord.store.listen`); bound here when not given."""
         sock = sock or bind_listen_socket(host, port)
         self.host = host
         self.port: int = sock.getsockname()[1]
@@ -47,6 +56,7 @@ class StoreServer:
 
     @property
     def address(self) -> str:
+        """"host:port" ("[host]:port" for IPv6) that clients connect to."""
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def close(self) -> None:
@@ -59,14 +69,26 @@ class StoreProcess:
     """A store server in a child process (embedded store for launchers, tests, demos)."""
 
     process: subprocess.Popen[str]
+    """The child process, `python -m ftcoord.store.main` (its stdout a pipe that carried its ready line)."""
     address: str
+    """"host:port" the server listens on, as its ready line said (the port it picked when asked for 0)."""
 
     @classmethod
     def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0,
               own_session: bool = False) -> StoreProcess:
-        """Start `python -m ftcoord.store.server` and wait for its ready line. `own_session`: in a session of its own, so
-        the kernel's scheduler (autogroups) shares the CPU between it and the caller's session as between two
-        hosts, not between its one thread and every thread of the caller's (chaos bench --scale)."""
+        """Start `python -m ftcoord.store.main` and wait for its ready line.
+
+        Args:
+            host: the interface to listen on (default 127.0.0.1).
+            port: the TCP port (default 0: a free one).
+            timeout: how long to wait for the ready line, in seconds (default 60).
+            own_session: run it in a session of its own, so the kernel's scheduler (autogroups) shares the CPU
+                between it and the caller's session as between two hosts, not between its one thread and every
+                thread of the caller's (as `chaos bench --scale` needs).
+
+        Raises:
+            StoreUnavailable: no ready line came within `timeout` (the child is killed).
+        """
         process = subprocess.Popen(
             module_command("ftcoord.store.main", "--host", host, "--port", str(port), "--quiet"),
             stdout=subprocess.PIPE,
@@ -95,6 +117,11 @@ class StoreProcess:
         return cls(process, ready["address"])
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server: SIGTERM, then SIGKILL if it has not exited in time; nothing when it has exited already.
+
+        Args:
+            timeout: how long to wait for it to exit after SIGTERM, in seconds (default 10).
+        """
         if self.process.poll() is None:
             self.process.terminate()
             try:

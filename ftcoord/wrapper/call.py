@@ -1,4 +1,10 @@
-"""CallWrapper: what the wrapped training function sees of its generation."""
+"""`CallWrapper`: what the wrapped training function sees of its generation.
+
+Its identity (rank, world size, slot), its process group (created over the job's store, under keys of this
+generation only), its signals (`interrupted`, `should_stop`, `check()`) and `heal()`. The checks a training loop
+makes at every step read local state only; `is_peer_failure` tells a collective that failed because of a peer
+from a failure of this rank's own.
+"""
 
 from __future__ import annotations
 
@@ -28,10 +34,11 @@ from ftcoord.wrapper.participant import Participant
 
 
 def _forget_failed_creation() -> None:
-    """After a default process group's creation failed: torch names a group, and its rendezvous keys, by the count of
-    groups this process created, and a failed creation counted one; its next default group would wait for keys its
-    peers, counting none, never write (seen: both members of the next generation stood in the rendezvous until they
-    were fenced as hung). torch resets the count when the default group is destroyed; here there is none to destroy."""
+    """After a default process group's creation failed: reset torch's count of groups this process created.
+
+    torch names a group, and its rendezvous keys, by that count, and a failed creation counted one: the next default
+    group would wait for keys its peers, counting none, never write, until the members are fenced as hung. torch
+    resets the count when the default group is destroyed; after a failed creation there is none to destroy."""
     if not dist.is_initialized():
         dist.distributed_c10d._world.group_count = 0
 
@@ -43,14 +50,12 @@ class GenerationInterrupted(FtcoordError):
 _CUT_POLL_S = 0.05  # how often the watch of a process group's creation looks whether the creation ended
 
 GLOO_RENDEZVOUS_OPTIONS = {"GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER": "1", "GLOO_ENABLE_STORE_V2_API": "1"}
-"""gloo's own options for its full mesh's rendezvous, which each generation's group goes through again (issue 17).
-Without them each member writes its address and a sequence number per peer (154 + 8·W bytes here: W members) and
-reads every peer's key one at a time (a wait, then the read): W² reads and ~8·W³ bytes through the store per
-generation (at 1,024 members, a million reads and 8.7 GB). With the rank as the sequence number a key is its host's
-name and address (154 bytes here, whatever W); with the store's extended API the reads are multi_gets of 128 keys:
-W²/128 of them and ~154·W² bytes (8,192 and 161 MB at 1,024; at 16 members, rank 0's sends to the store during the
-rendezvous went from 56 to 10). Set where the user has not set them, before ftcoord forms a gloo group; every member
-sets them alike (gloo reads them at each group's creation)."""
+"""gloo's own options for its full mesh's rendezvous, which each generation's group goes through again.
+Without them each member writes its address and a sequence number per peer and reads every peer's key one at a
+time: W² reads and O(W³) bytes through the store per generation (W members). With the rank as the sequence number
+a key is one host's name and address, whatever W; with the store's extended API the reads are multi_gets of 128
+keys: W²/128 of them and O(W²) bytes. Set where the user has not set them, before ftcoord forms a gloo group; every
+member sets them alike (gloo reads them at each group's creation)."""
 
 # Messages of collectives that failed because a peer went away (gloo, NCCL).
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout",
@@ -76,8 +81,19 @@ def default_backend() -> str:
 class CallWrapper:
     """One generation of the wrapped function: its identity, its group, its signals.
 
-    The checks a training loop makes at every step (`interrupted`, `should_stop`,
+    The Wrapper makes one per generation and passes it as the function's first argument; user code does
+    not construct it. The checks a training loop makes at every step (`interrupted`, `should_stop`,
     `check()`, `ping()`) read or bump local state only: no store operation.
+
+    Args:
+        participant: this process's membership in the job (its slot, incarnation and watch threads).
+        record: the generation's record, as the leader decided it (members in rank order, world size).
+        restarts: how many times this process restarted the function in-process before this generation.
+        pg_store: a store client of the job's own for the process group's rendezvous (a LinkedStore from
+            `participant.clone_store()`, whose connection can be cut when the generation is interrupted
+            during the rendezvous; a plain `dist.Store` cannot be cut).
+        pg_timeout: how long a collective of the generation's process group may block before it fails;
+            it also bounds the wait for every member at the rendezvous.
     """
 
     def __init__(
@@ -97,7 +113,7 @@ class CallWrapper:
         self._group: dist.ProcessGroup | None = None
         self._backend: str | None = None
         self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.host.group_sockets)
-        self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (ftcoord.liveness.group_release)
+        self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (group_release)
         self._atomic_depth = 0
         self.step: int = -1
         """The last step this process committed; set it so the next join can report it."""
@@ -114,20 +130,24 @@ class CallWrapper:
 
     @property
     def rank(self) -> int:
+        """This process's rank in the generation (0 to world_size - 1; slots in rank order: `members`)."""
         rank = self.record.rank_of(self._participant.slot, self._participant.incarnation)
         assert rank is not None
         return rank
 
     @property
     def world_size(self) -> int:
+        """How many members the generation has."""
         return self.record.world_size
 
     @property
     def slot(self) -> int:
+        """This process's slot: stable across its restarts, taken over by its replacement."""
         return self._participant.slot
 
     @property
     def incarnation(self) -> int:
+        """Which process of the slot this is (1 for its first, counted up at each new process)."""
         return self._participant.incarnation
 
     @property
@@ -184,8 +204,13 @@ class CallWrapper:
             self._participant.report.committed(self.step)
 
     def checkpoint_stall(self, seconds: float) -> None:
-        """Report that training stood still `seconds` for a checkpoint (the launcher's
-        `ftcoord_checkpoint_stall_seconds`); local only, published by the heartbeat thread."""
+        """Report that training stood still for a checkpoint (the launcher's `ftcoord_checkpoint_stall_seconds`).
+
+        Local only: the heartbeat thread publishes it.
+
+        Args:
+            seconds: how long the training thread stood still for the checkpoint.
+        """
         self._participant.report.checkpoint_stall(seconds)
 
     @contextlib.contextmanager
@@ -202,10 +227,18 @@ class CallWrapper:
     # -- process group ------------------------------------------------------------------
 
     def init_process_group(self, backend: str | None = None) -> dist.ProcessGroup:
-        """Create this generation's default process group over the external store.
+        """Create this generation's default process group over the external store (once; later calls return it).
 
         Its rendezvous keys live under `gen/<g>/pg`, so generations never collide, and no
-        second rendezvous server is started.
+        second rendezvous server is started. The wait for every member to arrive leaves at once
+        when the generation is interrupted (GenerationInterrupted), and so does a creation cut short.
+
+        Args:
+            backend: "nccl" or "gloo"; None: nccl when this process has a GPU, gloo otherwise. With
+                nccl the device is cuda:$LOCAL_RANK.
+
+        Returns:
+            The generation's process group, `dist.group.WORLD`.
         """
         if self._group is not None:
             return self._group
@@ -273,9 +306,8 @@ class CallWrapper:
 
         Every member reached the rendezvous (_meet_members), but one may still stop or die before it published its
         address or answered the others' connections: torch then blocks in C++, deaf to the interrupt, until the
-        store's client gives up on the address (300 s) or gloo on the connection (pg_timeout). Seen in a random
-        schedule (a member paused there, then fenced and killed): its peer stood still for 300 s, and every
-        generation after it waited join_timeout for that live process that never joined. A watch of the interrupt
+        store's client gives up on the address (torch's 300 s) or gloo on the connection (pg_timeout), and every
+        generation after it waits join_timeout for that live process that never joins. A watch of the interrupt
         (a thread, for as long as the creation lasts) shuts down the rendezvous's store connection and the sockets
         the creation opened, so it fails at once and the member rejoins like any other."""
         if not isinstance(self._pg_store, LinkedStore):
@@ -305,13 +337,28 @@ class CallWrapper:
     def heal(self, objects: Mapping[str, Any], step: int) -> int:
         """Make every member hold the most advanced member's state, in place; returns the healed step.
 
-        `objects` maps names to modules, optimizers, schedulers, tensors or anything with
-        `state_dict()`/`load_state_dict()`, the same names on every member; `step` is how far they
-        are (0 for a fresh start, the checkpoint's step after loading one, negative for "nothing worth
-        sharing"). The member with the highest step (lowest rank on ties) is the source; every member
-        behind it or differing from it receives its state over this generation's process group,
-        tensor by tensor. When nobody holds state the given step comes back unchanged: read your
-        checkpoint first, then heal. See ftcoord.wrapper.heal for the protocol.
+        A collective: every member calls it, with the same names. The member with the highest step (lowest
+        rank on ties) is the source; every member behind it or differing from it receives its state over
+        this generation's process group (created here if it does not exist yet), tensor by tensor. When
+        nobody holds state the given step comes back unchanged: read your checkpoint first, then heal.
+        The report is kept in `last_heal`, and `self.step` is set to the healed step. See
+        ftcoord.wrapper.heal for the protocol.
+
+        Args:
+            objects: names to modules, optimizers, schedulers, tensors or anything with
+                `state_dict()`/`load_state_dict()`; the same names on every member.
+            step: how far this member's objects are, in committed training steps: 0 for a fresh start,
+                the checkpoint's step after loading one, the last committed step for a survivor,
+                negative (ftcoord.wrapper.heal.NO_STATE) for "nothing worth sharing".
+
+        Returns:
+            The step every member now holds, equal on every member: the source's step, or the given
+            step when no member held state (every step negative).
+
+        Raises:
+            StateMismatch: the members passed different names, or the source's state cannot travel
+                safely (a FatalError: it ends the job).
+            TypeError: a value has neither `state_dict()` nor `load_state_dict()`.
         """
         self.process_group()
         report = heal(objects, step)
@@ -323,8 +370,18 @@ class CallWrapper:
         return report.step
 
     def report_closed_peers(self, exc: BaseException) -> list[int] | None:
-        """After a failed collective: record a closed connection (ftcoord.protocol.evidence); the members it names,
-        or None when the failure was not one."""
+        """After a failed collective: record a closed connection as evidence (ftcoord.protocol.evidence).
+
+        Only for a gloo group this generation created; a failure to record is logged, not raised (the
+        heartbeat timeout still decides).
+
+        Args:
+            exc: the exception the collective raised.
+
+        Returns:
+            The slots of the members the closed connection leads to (empty when no published address
+            matches it), or None when the failure was not a closed connection or nothing could be recorded.
+        """
         if self._backend != "gloo" or self._group is None:
             return None
         try:

@@ -1,16 +1,13 @@
-"""@Wrapper: run a training function through faults with in-process restarts.
+"""`Wrapper`: the decorator that runs a training function through faults with in-process restarts.
 
     @Wrapper(store="127.0.0.1:29600", job_id="llm-7", min_world_size=2, heartbeat_timeout=5.0)
     def train(call: CallWrapper, cfg): ...
 
-Each call of the function is one generation. On any fault (an exception here, a failed
-collective, an interrupt because a peer died, hung or rejoined) the wrapper tears down
-the generation's process group and calls the function again in the next generation: no
-new Python process, no re-import of torch.
-
-Constructing a Wrapper and `check_configuration()` import no torch (the participant and the call
-are imported by `run`): a program can refuse a bad configuration before paying for torch, and
-ftcoord-launch's warm standby can ask it to (see ftcoord.launcher.standby_template).
+Each call of the function is one generation. On a fault (an exception, a failed collective, an interrupt because
+a peer died, hung or rejoined) the wrapper tears down the generation's process group and calls the function again
+for the next generation, in the same Python process. Constructing a Wrapper and `check_configuration()` import no
+torch: a program refuses a bad configuration before it pays for torch, and so can the warm standby's preload
+(ftcoord.launcher.standby_template).
 """
 
 from __future__ import annotations
@@ -78,11 +75,58 @@ def release_frames(exc: BaseException) -> None:
 
 
 class Wrapper:
-    """Decorator that makes a training function survive faults (see module docstring).
+    """Decorator that makes a training function survive faults (see the module docstring).
 
-    Every argument has a default; store, job id, slot and world size default from the
-    environment that `ftcoord-launch` (or torchrun / SLURM) sets, so `@Wrapper()` works
-    under the launcher. Timing arguments left as None take `Timing`'s defaults.
+    Every argument has a default, so `@Wrapper()` works under `ftcoord-launch`. Store, job id, slot and
+    world size left as None are read from the environment when the function runs (ftcoord.env: the
+    launcher sets FTCOORD_*, torchrun and SLURM set the fallbacks). Timing arguments left as None take
+    the defaults of `ftcoord.config.Timing`; all times are in seconds.
+
+    Args:
+        store: "HOST:PORT" of the ftcoord-store server. None: $FTCOORD_STORE, else "127.0.0.1:29600".
+        job_id: names the job; its keys live under `ftcoord/<job_id>/` in the store. None:
+            $FTCOORD_JOB_ID, else torchrun's $TORCHELASTIC_RUN_ID, else $SLURM_JOB_ID, else "default".
+        slot: this process's slot, a stable integer >= 0 that a replacement process takes over. None:
+            $FTCOORD_SLOT, else $RANK, else $SLURM_PROCID, else 0.
+        world_size: the job's target world size (processes it runs with when all are alive). None:
+            $FTCOORD_WORLD_SIZE, else $WORLD_SIZE, else $SLURM_NTASKS, else 1.
+        min_world_size: the fewest members a generation may have (default 1); with fewer processes
+            alive the job waits, up to barrier_timeout, then fails with QuorumTimeout.
+        max_world_size: the most members a generation may have (hot spares beyond it wait). None:
+            the target world size.
+        global_batch: the job's constant global batch; when given, only world sizes that divide it
+            are picked, and a target world size that does not divide it is refused (ConfigError).
+            None: any size in [min_world_size, max_world_size].
+        heartbeat_interval: seconds between two heartbeats of this process. None: Timing's 0.5.
+        heartbeat_timeout: seconds of unchanged heartbeat after which a process is dead; at least
+            two intervals and below barrier_timeout. None: Timing's 5.0.
+        join_timeout: seconds the leader waits for missing live slots before it decides a smaller
+            generation; below barrier_timeout. None: Timing's 3.0.
+        barrier_timeout: seconds after which too few joiners fail the generation with
+            QuorumTimeout. None: Timing's 120.0.
+        progress_timeout: seconds a member's training thread may go without a `call.ping()` while not
+            waiting on its peers before the leader fences it as stuck (its launcher kills it and the slot
+            gets a new process); it must exceed heartbeat_interval; math.inf never calls a member stuck. None:
+            `Timing.progress_timeout_below(pg_timeout)`, i.e. 12 heartbeat timeouts, and at most two
+            thirds of pg_timeout (40 s at the defaults). A value at or above pg_timeout is accepted
+            with a warning: a stuck member is then ended by its peers' collective timeout instead.
+        store_timeout: seconds this process rides through a store that went away before it gives up
+            (`call.should_stop` and `call.store_lost` are set; then exit code 75). None:
+            $FTCOORD_STORE_TIMEOUT (which ftcoord-launch sets from --store-timeout), else Timing's 300.0.
+        max_restarts: how many times this process's own code may fail (an exception not caused by a
+            peer) before `run` raises RestartsExhausted; restarts caused by peers do not count.
+            Default 32 (DEFAULT_MAX_RESTARTS); must be >= 0.
+        pg_timeout: seconds a collective of the generation's process group may block before it
+            fails; also bounds the wait for every member at the rendezvous. Default 60.0
+            (DEFAULT_PG_TIMEOUT_S).
+        log_dir: directory for this process's JSON-lines log, `slot<S>-<pid>.jsonl`. None:
+            $FTCOORD_LOG_DIR (set by `ftcoord-launch --log-dir`), else the terminal only.
+        handle_sigterm: install a SIGTERM handler while the function runs (main thread only) that
+            asks the whole job to stop at a step boundary (`call.should_stop`). Default True.
+
+    Raises:
+        ConfigError: a timing that breaks Timing's invariants.
+        FtcoordError: progress_timeout not above heartbeat_interval, or max_restarts below 0.
     """
 
     def __init__(
@@ -145,9 +189,11 @@ class Wrapper:
         return wrapped
 
     def check_configuration(self) -> None:
-        """Everything that can be checked before connecting to anyone: the store address, job id,
-        slot and world size from the environment, and the quorum policy (a world size that does not
-        divide the global batch is refused here, up front).
+        """Check what can be checked before connecting to anyone, without importing torch.
+
+        Reads the store address, job id, slot and world size (from the environment where not given)
+        and builds the quorum policy: a target world size that does not divide global_batch is refused
+        here, up front.
 
         Raises:
             ConfigError: with the value, the limit and what to do.
@@ -170,7 +216,14 @@ class Wrapper:
     def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R | None:
         """Run `fn(call, *args, **kwargs)` until it returns on every member.
 
-        Returns its result, or None for a hot spare that was never needed.
+        Args:
+            fn: the training function; its first argument is the generation's CallWrapper.
+            *args: passed on to `fn` after the CallWrapper, unchanged, at every call.
+            **kwargs: passed on to `fn`, unchanged, at every call.
+
+        Returns:
+            What `fn` returned in the generation that completed, or None for a hot spare that was
+            never needed.
 
         Raises:
             RestartsExhausted: more than max_restarts in-process restarts.
@@ -279,8 +332,8 @@ class Wrapper:
             stack_dump.uninstall()
 
     def _start(self, participant: Participant) -> None:
-        """Connect, saying within a second which store is being waited for and where its address came from
-        (a store that is not there cost 30 silent seconds and a C++ stack trace)."""
+        """Connect, saying within a second which store is being waited for and where its address came from:
+        a store that is not there must not cost connect_timeout in silence and end in a C++ stack trace."""
         source = "from Wrapper(store=...)" if self.store else env.store_source()
         waiting = log.get_logger(component="wrapper", slot=participant.slot)
 

@@ -1,22 +1,12 @@
 """Joining generations: announce, wait for the record, catch up when decided without us.
 
-A process never waits for a generation that has already been decided: if the record of
-g leaves it out, it moves on to g+1 (and interrupts g when the job is below its target
-size), so the "restart before the leader advanced" race cannot deadlock. One that wakes from a
-pause to find its generation forgotten (keys.FORGOTTEN) catches up with the newest.
-
-Only the newest incarnation of a slot takes part: an older one (a process that was paused, or cut
-off, long enough for its slot to be restarted), or one the newest leader fenced (declared dead while
-it was paused) and its launcher will kill, raises Superseded before it announces itself again or
-interrupts anyone, so a ghost cannot interrupt every generation that lists its slot, nor ask the
-members to grow for it.
-
-A joiner that finds a restarted store (ftcoord.store.link) announces itself again, for the next number of
-the new epoch: the announcement it made is lost, and the number it waited for is never decided there.
-
-The job's end reaches a waiting process where it waits: the record it waits for becomes keys.ENDED (written by
-the last member to finish, and by a leader that finds the job done or failed), so a hot spare can wait in long
-slices, looking at little else, and still leave as soon as the job ends.
+A process never waits for a generation already decided: a record of g that leaves it out sends it on to g+1 (and
+interrupts g when the job is below its target size), so a restart before the leader advanced cannot deadlock; one
+that wakes from a pause to find its generation forgotten (keys.FORGOTTEN) catches up with the newest. Only the
+newest incarnation of a slot takes part: an older one, or one the newest leader fenced and its launcher will kill,
+raises Superseded before it announces itself or interrupts anyone. A joiner that finds a restarted store announces
+itself again in the new epoch. The job's end reaches a waiting process where it waits (the record it waits for
+becomes keys.ENDED), so a hot spare waits in long slices and still leaves as soon as the job ends.
 """
 
 from __future__ import annotations
@@ -54,10 +44,19 @@ class GenerationClient:
     def __init__(self, store: dist.Store, slot: int, incarnation: int, timing: Timing,
                  on_waiting_after: Callable[[GenerationRecord], None] = lambda record: None,
                  on_announced: Callable[[int], None] = lambda generation: None, fence_ends_it: bool = False) -> None:
-        """`on_waiting_after(record)`: this process waits for the generation after `record` (when it is not a member
-        of that one, it is a hot spare or a replacement: ftcoord.leader.cadence). `on_announced(generation)`: this process
-        announced itself for `generation` (its interrupt monitor reads no probe after that: ftcoord.liveness.interrupt_watch).
-        `fence_ends_it`: a launcher kills this process when the leader fences it (raise_if_superseded)."""
+        """The protocol for one incarnation of a slot.
+
+        Args:
+            store: the main thread's own client of the job's keys.
+            slot: this process's slot.
+            incarnation: this process's incarnation of the slot.
+            timing: the job's timing (heartbeat, join and barrier timeouts).
+            on_waiting_after: called with `record` when this process waits for the generation after it (when
+                it is not a member of that one, it is a hot spare or a replacement: ftcoord.leader.cadence).
+            on_announced: called with `generation` when this process announced itself for it (its interrupt
+                monitor reads no probe after that: ftcoord.liveness.interrupt_watch).
+            fence_ends_it: a launcher kills this process when the leader fences it (raise_if_superseded).
+        """
         self._store = store
         self._fence_ends_it = fence_ends_it
         self._on_waiting_after = on_waiting_after
@@ -77,9 +76,14 @@ class GenerationClient:
     def join(self, step: int = -1, after: GenerationRecord | None = None) -> GenerationRecord:
         """Block until a generation that includes this process is decided.
 
-        `after`: the generation this process was a member of and saw interrupted: the next one is announced for
-        at once, with no read before (one request, the announcement; then the wait).
-        The number may be stale (decided without us meanwhile): the record says so and the loop moves on.
+        The generation announced for may be stale (decided without us meanwhile): its record says so and the
+        loop moves on. After a store restart the announcement is lost and its number is never decided there: the
+        process announces itself again, for the next number of the new epoch.
+
+        Args:
+            step: the last step this process committed (-1: none).
+            after: the generation this process was a member of and saw interrupted: the next one is announced
+                for at once, with no read before (one request, the announcement; then the wait).
 
         Raises:
             JobFinished: the job completed while we waited (a spare's normal end).
@@ -131,12 +135,18 @@ class GenerationClient:
             generation, previous = next_generation(self._store, generation), record
 
     def raise_if_superseded(self) -> None:
-        """A ghost ends before it interrupts or announces anything: a newer incarnation of its slot registered, or the
-        newest leader fenced this one and a launcher will kill it. A launcher kills a fenced process once it reads the
-        fence, but a node paused or cut off as a whole wakes with its launcher: the ghost woke first, found itself
-        left out of the generation decided without it, and asked its members to grow for it; they changed generation,
-        for nothing (a partition healed under load: 4 generations where 3). With no launcher to carry out its fence
-        (started by hand, by SLURM), a fenced process that wakes takes part again: the job grows back."""
+        """A ghost ends before it interrupts or announces anything, so it cannot interrupt every generation that
+        lists its slot, nor ask the members to grow for it.
+
+        A launcher kills a fenced process once it reads the fence, but a node paused or cut off as a whole wakes
+        with its launcher, and the ghost may wake first: left out of the generation decided without it, it would
+        ask the members to grow for it, and they would change generation for nothing. With no launcher to carry
+        out its fence (started by hand, by SLURM), a fenced process that wakes takes part again: the job grows back.
+
+        Raises:
+            Superseded: a newer incarnation of this slot registered, or the newest leader fenced this one and a
+                launcher will kill it.
+        """
         store, slot, incarnation = self._store, self.slot, self.incarnation
         reason = superseded(store, slot, incarnation)
         if reason is None and self._fence_ends_it:
@@ -148,8 +158,10 @@ class GenerationClient:
         return read_record(self._store, generation) if generation > 0 else None
 
     def interrupt(self, generation: int, reason: str) -> str:
-        """End a generation for every member (first reason wins); the reason that won, ours or an earlier one. Never
-        with an empty reason: a member's watch reads an empty interrupt key as one not set (ftcoord.store.client.wait_get)."""
+        """End a generation for every member (first reason wins); the reason that won, ours or an earlier one.
+
+        Never with an empty reason (ValueError): a member's watch reads an empty interrupt key as one not set
+        (ftcoord.store.client.wait_get)."""
         if not reason:
             raise ValueError("a generation is interrupted with a reason (got an empty one)")
         won = self._store.compare_set(keys.interrupt(generation), "", reason).decode()
@@ -246,18 +258,18 @@ class GenerationClient:
 
     def _wait_record(self, generation: int, announced_in: int) -> GenerationRecord | None | object:
         """Wait for the record of `generation`; None when it was decided and forgotten already (this process was
-        paused meanwhile), or its number was ended by an earlier run of this job.
+        paused meanwhile), or its number was ended by an earlier run of this job; _NEW_INSTANCE when the store
+        restarted meanwhile.
 
         What ends the wait is written where it waits: the record; keys.ENDED when the job ended (done, stopped or
-        failed: then this raises); a restarted store ends it too (the wait is pinned to the store instance it was
-        announced in). The rest is looked at between slices of the wait, which grow from one heartbeat timeout to
-        two: the job's end written by a process that died before it marked it, a generation forgotten while this
-        process was paused, no leader deciding. Each is a fallback that a few seconds do not change (the deadline
-        below is barrier_timeout long). A hot spare waits so for hours at about one request a second (it was four:
-        issue 17's budget, chaos bench --scale). The first slice was one heartbeat interval: every member whose
-        record came later than that (a decision that waits for a silent member, or 4,096 members announcing on a
-        few cores) looked at all of it, six requests and a read of the previous record each, twice, in the rush of
-        the decision itself: at 4,096 members the leader decided 2 s after the last announcement, not 0.04 s.
+        failed: then this raises; the last member to finish writes it, and so does a leader that finds the job done
+        or failed); a restarted store ends it too (the wait is pinned to the store instance it was announced in).
+        The rest is looked at between slices of the wait, which grow from one heartbeat timeout to two: the job's
+        end written by a process that died before it marked it, a generation forgotten while this process was
+        paused, no leader deciding. Each is a fallback that a few seconds do not change (the deadline below is
+        barrier_timeout long), so a hot spare waits for hours at about one request a second. The first slice is a
+        whole heartbeat timeout: members whose record takes longer (a decision that waits for a silent member,
+        thousands of members announcing) must not load the store with these looks while the leader decides.
 
         No deadline while the previous generation still runs (a hot spare may wait for
         hours); once it ended, a leader must decide within barrier_timeout plus the time

@@ -1,31 +1,12 @@
 """Healing: the most advanced member hands its state to every member that is behind or differs.
 
-At the start of a generation some members may hold less than others: a replacement forked from a
-warm standby holds fresh weights, a member left out of the last generation holds an older step.
-`heal` makes every member hold the state of the member with the highest step (lowest rank on ties),
-for any set of objects with `state_dict()`/`load_state_dict()` and for plain tensors:
-
-1. Members gather (step, names). Different names on different members is a `StateMismatch` on
-   every member (decided from the same gathered data, so nobody is left waiting in a collective).
-2. When several members share the highest step they gather a digest of their state (skeleton and
-   a fingerprint per tensor): only a member whose digest differs from the source's receives. A
-   member at a lower step receives without any digest being computed, so the usual case (survivors
-   and one fresh replacement) hashes nothing.
-3. The source sends a small skeleton (the state dicts with every tensor replaced by its index,
-   shapes, dtypes and devices), serialized with `torch.save` and read with `weights_only=True`: a
-   peer's state can never run code here. A skeleton the source cannot send that way fails on every
-   participant, named.
-4. Tensors travel as tensors over the generation's process group, on the device they live on (gloo
-   for CPU, NCCL for CUDA): large ones one by one, **received in place** when the receiver already
-   holds a tensor of that shape and dtype at that place (a module's parameters), small ones (and
-   ones not on the wire's device) packed into one buffer. One transfer serves every receiver: a
-   broadcast over the whole group when everyone else receives, a send/recv pair for one receiver,
-   a subgroup's broadcast otherwise. Members that already match take part in nothing after step 2.
-5. Each receiver rebuilds its state dicts from the skeleton and calls `load_state_dict`, so state
-   that does not exist yet on a fresh process (Adam's moments before its first step) is created by
-   the object's own code, on the device the object wants it.
-
-The skeleton, the tensors and the digests are `ftcoord.wrapper.state_tree`.
+At the start of a generation some members may hold less than others: a replacement forked from a warm standby
+holds fresh weights, a member left out of the last generation holds an older step. `heal` makes every member hold
+the state of the member with the highest step (lowest rank on ties), for any set of objects with
+`state_dict()`/`load_state_dict()` and for plain tensors, over the generation's process group (the protocol: `heal`).
+A peer's state is read with `weights_only=True`: it can never run code here. Every member reaches the same
+decisions from the same gathered data, so none is left waiting in a collective. The skeleton, the tensors and the
+digests are `ftcoord.wrapper.state_tree`.
 """
 
 from __future__ import annotations
@@ -67,6 +48,7 @@ class HealReport:
     bytes: int = 0
     """Bytes this member sent to each receiver or received (tensors and skeleton); 0 when it took no part."""
     seconds: float = 0.0
+    """How long the heal took on this member, in seconds."""
 
 
 # -- the transfer ------------------------------------------------------------------------------------
@@ -213,7 +195,25 @@ def _receive_tensors(wire: _Wire, device: torch.device, meta: list[tuple[str, tu
 def heal(objects: Mapping[str, Any], step: int) -> HealReport:
     """Make every member of the default process group hold the most advanced member's state, in place.
 
-    See the module docstring for the protocol.
+    1. Members gather (step, names). Different names on different members is a `StateMismatch` on
+       every member (decided from the same gathered data, so nobody is left waiting in a collective).
+    2. When several members share the highest step they gather a digest of their state (skeleton and
+       a fingerprint per tensor): only a member whose digest differs from the source's receives. A
+       member at a lower step receives without any digest being computed, so the usual case (survivors
+       and one fresh replacement) hashes nothing.
+    3. The source sends a small skeleton (the state dicts with every tensor replaced by its index,
+       shapes, dtypes and devices), serialized with `torch.save` and read with `weights_only=True`: a
+       peer's state can never run code here. A skeleton the source cannot send that way fails on every
+       participant, named.
+    4. Tensors travel as tensors over the generation's process group, on the device they live on (gloo
+       for CPU, NCCL for CUDA): large ones one by one, received in place when the receiver already
+       holds a tensor of that shape and dtype at that place (a module's parameters), small ones (and
+       ones not on the wire's device) packed into one buffer. One transfer serves every receiver: a
+       broadcast over the whole group when everyone else receives, a send/recv pair for one receiver,
+       a subgroup's broadcast otherwise. Members that already match take part in nothing after step 2.
+    5. Each receiver rebuilds its state dicts from the skeleton and calls `load_state_dict`, so state
+       that does not exist yet on a fresh process (Adam's moments before its first step) is created by
+       the object's own code, on the device the object wants it.
 
     Args:
         objects: names to tensors or to objects with state_dict()/load_state_dict(); the same names on

@@ -1,4 +1,10 @@
-"""One process's membership in a job: its slot, incarnation and background threads."""
+"""`Participant`: one process's membership in a job: its slot, incarnation and background threads.
+
+It connects to the store, registers a new incarnation of its slot and runs the heartbeat, the leader duty, the
+interrupt monitor and the helper watch; the caller's thread joins generations through it. Every store client comes
+from one StoreLink, so the process rides through a store that goes away, and writes back what it holds when the
+store comes back empty.
+"""
 
 from __future__ import annotations
 
@@ -35,19 +41,35 @@ class Participant:
     others died or this incarnation was superseded; it reads nothing from the store). The caller's
     thread joins generations and reads `interrupted`.
 
-    Store load (issue 17, `chaos bench --scale`): at steady state a process sends about 3.5 requests per
-    second whatever the job's size (a beat every interval; the leader's heartbeat watched every
-    watch_interval; one wait per 2 heartbeat timeouts; progress and status at most every 10 intervals);
-    only the leader reads every slot, every tick. A hot spare sends about 3 (its wait for the next record in
-    slices of two heartbeat timeouts, woken by the job's end: ftcoord.wrapper.generation_client; the leader watched by the
-    generation's deputies, not by it: ftcoord.leader.cadence).
+    Store load does not grow with the job's size, except the leader's: a process beats every interval,
+    reads the leader's heartbeat every watch_interval (a hot spare leaves that to the generation's deputies:
+    ftcoord.leader.cadence), waits for records in slices of up to two heartbeat timeouts
+    (ftcoord.wrapper.generation_client) and publishes progress and status at most every 10 intervals; only
+    the leader reads every slot, every tick.
 
-    Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper.decorator adds one for
-    its process groups); the one that lists the job in the store's index is closed once it did, so the store
-    holds ~5 descriptors per rank (its open-file limit bounds a job's size: ftcoord-store says so at start).
+    Connections to the store: the caller's thread's and the first three threads' (ftcoord.wrapper.decorator
+    adds one for its process groups); the one that lists the job in the store's index is closed once it did,
+    so the store holds about 5 descriptors per rank (its open-file limit bounds a job's size).
 
     Every client comes from one StoreLink (ftcoord.store.link): they ride through a store that goes away
     and comes back; when it comes back empty, this process writes back what it holds (`_rebuild`).
+
+    Args:
+        store: the store server, as a StoreAddress or "HOST:PORT".
+        job_id: the job; its keys live under `ftcoord/<job_id>/`.
+        slot: this process's slot (>= 0; FtcoordError otherwise).
+        policy: the world sizes the leader may pick (ftcoord.config.QuorumPolicy), used while this
+            process leads.
+        timing: heartbeat, join, barrier, connect and store timings. None: `Timing()`'s defaults.
+        progress_timeout: seconds a member's training thread may go without a ping, while not waiting on
+            its peers, before the leader fences it as stuck. None: Timing.default_progress_timeout
+            (12 heartbeat timeouts); math.inf never calls a member stuck.
+        on_helper_failure: called with a reason when a helper thread died or this incarnation was
+            superseded (ftcoord.liveness.helper_watch). Default: `exit_process`, which ends the
+            process so that its launcher replaces it.
+        launched: whether a launcher carries out this process's fences, so that a fenced process exits
+            rather than taking part again (GenerationClient.raise_if_superseded). None: whether
+            ftcoord-launch started it ($FTCOORD_LAUNCHER_PID is set).
     """
 
     def __init__(
@@ -61,11 +83,6 @@ class Participant:
         on_helper_failure: Callable[[str], None] = exit_process,
         launched: bool | None = None,
     ) -> None:
-        """`progress_timeout`: None takes Timing.default_progress_timeout; math.inf never calls a member stuck.
-        `on_helper_failure(reason)`: what to do when a helper thread died or this incarnation was
-        superseded (ftcoord.liveness.helper_watch); by default the process ends and its launcher replaces it. `launched`: a
-        launcher carries out this process's fences (None: it was started by ftcoord-launch; see
-        GenerationClient.raise_if_superseded)."""
         if slot < 0:
             raise FtcoordError(f"slot {slot} must be >= 0")
         self.address = StoreAddress.parse(store) if isinstance(store, str) else store
@@ -82,7 +99,18 @@ class Participant:
         self._log = get_logger(component="participant", slot=slot)
 
     def start(self, on_wait: Callable[[BaseException], None] | None = None) -> Participant:
-        """Connect, register and start the helper threads (`on_wait`: see `ftcoord.store.client.connect`)."""
+        """Connect, register a new incarnation of the slot and start the helper threads.
+
+        Args:
+            on_wait: called once, with the error, when the first connection attempt fails (the caller
+                says what it waits for; see `ftcoord.store.client.connect`); None: nothing is called.
+
+        Returns:
+            This participant, started.
+
+        Raises:
+            StoreUnavailable: no store answered within connect_timeout.
+        """
         self.link = StoreLink(self.address, self.job_id, connect_timeout=self.timing.connect_timeout,
                               store_timeout=self.timing.store_timeout, op_timeout=self.timing.store_op_timeout,
                               known=instance_from_env(), may_start_job=True, on_wait=on_wait)
@@ -167,7 +195,20 @@ class Participant:
         return self._clone()
 
     def join(self, step: int = -1) -> GenerationRecord:
-        """Join the next generation that includes this process (see GenerationClient.join)."""
+        """Join the next generation that includes this process (see GenerationClient.join).
+
+        Args:
+            step: the last step this process committed, announced to the leader (the record's start step
+                is the highest among its members); -1: none.
+
+        Returns:
+            The record of the generation joined.
+
+        Raises:
+            JobFinished: the job completed while this process waited (a hot spare's normal end).
+            QuorumTimeout: too few processes joined within barrier_timeout.
+            Superseded: a newer incarnation of this slot registered, or the leader fenced this one.
+        """
         rejoining = self.record if self.monitor.fired and self.monitor.reason not in (None, "superseded") else None
         self.heartbeat.joining()
         try:
@@ -182,10 +223,12 @@ class Participant:
 
     @property
     def generation(self) -> int:
+        """The generation this process last joined; 0 before its first."""
         return self.record.generation if self.record else 0
 
     @property
     def rank(self) -> int | None:
+        """This process's rank in the generation it last joined; None before its first."""
         return self.record.rank_of(self.slot, self.incarnation) if self.record else None
 
     @property
@@ -194,7 +237,16 @@ class Participant:
         return self.monitor.fired
 
     def interrupt(self, reason: str) -> str | None:
-        """End the current generation for every member; the reason that ended it (None: no generation yet)."""
+        """End the current generation for every member (the first reason written wins).
+
+        Args:
+            reason: why, in a short non-empty form such as "exception:slot=3:RuntimeError"; members and
+                `ftcoord status` read it.
+
+        Returns:
+            The reason that ended the generation (this one, or one written earlier); None when this process
+            has not joined a generation yet.
+        """
         return self.generations.interrupt(self.record.generation, reason) if self.record is not None else None
 
     @property
@@ -210,7 +262,14 @@ class Participant:
             return self.generations.finish(self.record, stopping=self.should_stop)
 
     def close(self, leaving: bool = True) -> None:
-        """Stop the threads, hand leadership over and say this incarnation left on purpose."""
+        """Stop the threads, hand leadership over and say this incarnation left on purpose.
+
+        A store that is away right now is not waited for: nothing is written to it then.
+
+        Args:
+            leaving: write this incarnation's `left` key (it ended on purpose, not by a fault); False for
+                a superseded process, which must write nothing.
+        """
         self.watch.stop()
         self.monitor.stop()
         # A store that is away right now is not waited for (up to store_timeout) just to say goodbye.

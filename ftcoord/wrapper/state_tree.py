@@ -3,14 +3,8 @@
 `flatten` walks each object's `state_dict()` (or takes a tensor as it is); `rebuild` puts tensors back
 into a skeleton; `tensor_paths` names where each tensor sits, so a receiver can find its own tensor
 at the same place and receive into it. `digest` summarizes a tree for "do two members hold the same
-state?".
-
-The fingerprint of a tensor is not a cryptographic hash (which runs at ~0.8 GB/s on one CPU core and
-would need CUDA tensors copied to the host): its bytes are read as 64-bit words laid out in rows of
-1024, and the row sums and the column sums (mod 2^64, on the tensor's own device) are hashed. Any
-difference confined to one row or one column changes it; only a difference that cancels in every
-row and every column at once goes unseen. Equal steps with different state are rare (fresh weights
-from different seeds, a warm start): this check decides only whether to skip a transfer.
+state?": a cheap fingerprint per tensor, computed on the tensor's own device (`fingerprint`), not a
+cryptographic hash. It decides only whether to skip a transfer.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ class StateTree:
     paths: list[tuple[Any, ...]] = field(default_factory=list)
 
     def meta(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """Each tensor's (dtype name without "torch.", shape, device type), in order."""
         return [(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.device.type) for t in self.tensors]
 
 
@@ -105,7 +100,15 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def fingerprint(tensor: torch.Tensor) -> bytes:
-    """Row and column sums of the tensor's 64-bit words, on its own device (see the module docstring)."""
+    """Row and column sums of the tensor's 64-bit words, on its own device, hashed.
+
+    The tensor's bytes are read as 64-bit words laid out in rows of 1024; the row sums and the column sums
+    (mod 2^64) are computed where the tensor lives and only they are hashed, so a CUDA tensor is not copied
+    to the host whole. Any difference confined to one row or one column changes the fingerprint; only a
+    difference that cancels in every row and every column at once goes unseen. Equal steps with different
+    state are rare (fresh weights from different seeds, a warm start), and the digest decides only whether
+    to skip a transfer, so that is enough.
+    """
     data = as_bytes(tensor.detach())
     words = data.numel() // 8
     rows = words // _ROW_WORDS
@@ -122,6 +125,7 @@ def fingerprint(tensor: torch.Tensor) -> bytes:
 
 
 def digest(flat: StateTree) -> str:
+    """A hash of the tree's skeleton, its tensors' dtypes, shapes and devices, and their fingerprints."""
     h = hashlib.blake2b(digest_size=16)
     h.update(repr(flat.skeleton).encode())
     for meta, tensor in zip(flat.meta(), flat.tensors, strict=True):
