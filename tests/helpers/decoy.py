@@ -1,6 +1,7 @@
 """Another checkout in a directory: the modules named, each of which says so and fails when run or imported.
 
-A process that should run this checkout's code (chaos.own_code, ftcoord.host.interpreter, chaos.run.launchers) is started in or
+A process that should run this checkout's code (chaos.own_code, ftcoord.host.interpreter, chaos.run.launchers) is
+started in or
 beside such a directory: if it ran the decoy instead, it fails with that message.
 """
 

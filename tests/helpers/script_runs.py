@@ -29,12 +29,14 @@ class ScriptRun:
                  launch_args: tuple[str, ...] = ()) -> None:
         out.mkdir(parents=True)
         self.out, self.logs = out, out / "logs"
-        command = [sys.executable, "-m", "ftcoord.launcher.main", "--store", store, "--job-id", job_id, "--nproc", str(nproc),
-                   "--log-dir", str(self.logs), *launch_args, "--", sys.executable, str(REPO / script), *args]
+        command = [sys.executable, "-m", "ftcoord.launcher.main", "--store", store, "--job-id", job_id,
+                   "--nproc", str(nproc), "--log-dir", str(self.logs), *launch_args,
+                   "--", sys.executable, str(REPO / script), *args]
         self.proc = subprocess.Popen(command, cwd=out, env={**os.environ, **child_env(out, [])}, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[str] = []
-        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)  # type: ignore[arg-type]
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),  # type: ignore[arg-type]
+                                        daemon=True)
         self._reader.start()
 
     def printed(self, pattern: str) -> list[tuple[int, ...]]:

@@ -248,7 +248,8 @@ def test_lose_node(tmp_path: Path) -> None:
 def test_partition(tmp_path: Path) -> None:
     """A node stops answering (stopped: no connection closes). The survivors stood in a collective with its ranks
     until pg_timeout (60 s: recovery 60.1 s), deaf to the interrupt the leader wrote for them after the heartbeat
-    timeout (2 s here); now that interrupt releases them (ftcoord.liveness.group_release). When the node runs again, its ranks
+    timeout (2 s here); now that interrupt releases them (ftcoord.liveness.group_release). When the node runs again, its
+    ranks
     write the line of the step they had finished (the verifier's order of generations reads a step's first line)
     and their launcher replaces them: the job grows back."""
     report = run("partition", tmp_path)

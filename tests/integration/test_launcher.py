@@ -654,7 +654,8 @@ def test_job_restart_policy_restarts_every_process(store_server: StoreServer, jo
 
 def test_job_restart_policy_restarts_every_node(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
     """Two launchers (nodes of two slots), `--restart-policy job`: slot 1 on node A dies; node B's launcher restarts
-    its processes too (ftcoord.launcher.job_restarts), so every process of the job is new. Before, each launcher restarted
+    its processes too (ftcoord.launcher.job_restarts), so every process of the job is new. Before, each launcher
+    restarted
     only its own node's, and node B's carried on and healed node A's new processes from memory: on several nodes
     the whole-job baseline lost no state at all (mixed schedule E)."""
     nodes = {"a": (0, ("--exit-at", "1:20")), "b": (2, ())}

@@ -90,7 +90,8 @@ def test_stopped_process_without_launcher_does_not_corrupt_the_job(
 def test_a_members_gloo_rendezvous_key_is_the_same_size_whatever_the_world_size(
     forker: Forker, store_server: StoreServer, job_id: str, tmp_path: Path
 ) -> None:
-    """gloo's rendezvous with ftcoord's options (ftcoord.wrapper.call.GLOO_RENDEZVOUS_OPTIONS): a member's key is its host's
+    """gloo's rendezvous with ftcoord's options (ftcoord.wrapper.call.GLOO_RENDEZVOUS_OPTIONS): a member's key is its
+    host's
     name and address, not 8 bytes more per peer, so a generation of W members reads ~W² bytes, not ~8·W³ (issue 17).
     One member crashes: the generation of three and the one of two write keys of the same size."""
     pids = start_ranks(forker, store_server.address, job_id, tmp_path, 3, "--steps", "20", "--exit-at", "2:5")

@@ -1,4 +1,5 @@
-"""The store link's watchdog (ftcoord.store.call_watch): a silent store's calls are cut at op_timeout; a slow one's, while
+"""The store link's watchdog (ftcoord.store.call_watch): a silent store's calls are cut at op_timeout; a slow one's,
+while
 it answers the process's other calls, are waited for (up to SLOW_LIMIT op_timeouts), not cut and sent again.
 
 The rule on its own, with real threads and time; then through a real store behind a proxy that holds its answers

@@ -1,4 +1,5 @@
-"""The launchers of a chaos run (chaos.run.launchers): which node a scenario's slot is on, which code they and their ranks
+"""The launchers of a chaos run (chaos.run.launchers): which node a scenario's slot is on, which code they and their
+ranks
 run."""
 
 from __future__ import annotations

@@ -260,11 +260,11 @@ def test_gc_lists_then_removes_orphans(tmp_path: Path) -> None:
     code = ("from ftcoord.host import scratch; scratch.claim('gone'); scratch.slot_dir('gone', 1).mkdir();"
             "(scratch.slot_dir('gone', 1) / 'image').write_bytes(b'x' * 4096)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ), timeout=60, check=True)
-    listed = subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "gc", "--dry-run"], capture_output=True, text=True,
-                            cwd=REPO, env=dict(os.environ), timeout=60)
+    listed = subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "gc", "--dry-run"], capture_output=True,
+                            text=True, cwd=REPO, env=dict(os.environ), timeout=60)
     assert listed.returncode == 0 and "job gone" in listed.stdout and scratch.job_dir("gone").exists()
-    removed = subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "gc"], capture_output=True, text=True, cwd=REPO,
-                             env=dict(os.environ), timeout=60)
+    removed = subprocess.run([sys.executable, "-m", "ftcoord.observe.cli", "gc"], capture_output=True, text=True,
+                             cwd=REPO, env=dict(os.environ), timeout=60)
     assert removed.returncode == 0 and "removed 1 orphaned job(s)" in removed.stdout
     assert not scratch.job_dir("gone").exists()
 

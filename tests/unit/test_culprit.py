@@ -192,7 +192,8 @@ def test_a_member_stuck_in_a_generation_that_ended_for_another_cause_is_fenced_a
     interrupt judgement looks at an ended generation (random schedule seed 33008: a generation of one, from a
     checkpoint 14 steps back, trained to the job's end while three live ranks stood still). Slot 0 is fenced as the
     culprit once still for the progress timeout, measured from while the generation ran, and declared to generation
-    4's members (keys.released: a peer blocked with it cuts its collective, ftcoord.liveness.group_release); slot 3, as still but
+    4's members (keys.released: a peer blocked with it cuts its collective, ftcoord.liveness.group_release); slot 3, as
+    still but
     announced for generation 5, is not (it rejoined: waiting for the record), nor are the waiters."""
     store = job_store(connect(store_server.address), job_id)
     judgement = judge(store_server, job_id)

@@ -1,4 +1,5 @@
-"""Who looks at the leader, and how often (ftcoord.leader.cadence): the deputies every tick while they join, the others of
+"""Who looks at the leader, and how often (ftcoord.leader.cadence): the deputies every tick while they join, the others
+of
 a large job sharing the watch, and a follower that asked the members to beat looking for the answers on time.
 
 The cadence alone needs no store; the look after a question runs real Participants (threads) on a real store.

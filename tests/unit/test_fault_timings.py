@@ -1,4 +1,5 @@
-"""chaos.report.metrics.fault_timings: a pause that came during another fault's re-form is timed, not called ridden through.
+"""chaos.report.metrics.fault_timings: a pause that came during another fault's re-form is timed, not called ridden
+through.
 
 Seen in a random schedule (seed 99991): a rank raised at step 164 and another was SIGSTOPped 17 ms later, after the
 interrupt. The re-form waited a heartbeat timeout for the paused one and left it out; the report gave the raise that

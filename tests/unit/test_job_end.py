@@ -1,4 +1,5 @@
-"""When a launcher takes the job for ended, and ends what outstays it (ftcoord.launcher.job_end_watch), against a real store."""
+"""When a launcher takes the job for ended, and ends what outstays it (ftcoord.launcher.job_end_watch), against a real
+store."""
 
 from __future__ import annotations
 

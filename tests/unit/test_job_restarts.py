@@ -1,4 +1,5 @@
-"""Whole-job restarts across launchers (ftcoord.launcher.job_restarts): the launcher that saw a death asks, every other one
+"""Whole-job restarts across launchers (ftcoord.launcher.job_restarts): the launcher that saw a death asks, every other
+one
 follows, a restart asked elsewhere and not carried out yet is carried out rather than asked again, an earlier run's
 count is not followed, and a restarted store does not lower the count. Against a real store, one client per
 launcher."""

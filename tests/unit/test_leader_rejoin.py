@@ -56,7 +56,8 @@ def form_three(started: list[Participant], address: str, job_id: str,
 
 
 def spy_on_compare_sets(store: Any) -> list[tuple[str, float]]:
-    """Every compare_set through `store` from now on (the leader's reads: ftcoord.store.client.get_or_none), with when it
+    """Every compare_set through `store` from now on (the leader's reads: ftcoord.store.client.get_or_none), with when
+    it
     was asked; the real one answers."""
     asked: list[tuple[str, float]] = []
     compare_set = store.compare_set
@@ -261,7 +262,8 @@ def test_the_leader_hears_an_interrupt_that_comes_during_its_read_of_every_slot(
 ) -> None:
     """At 1,024 participants the leader's read of every slot took 30-250 ms, and an interrupt that came during it
     waited for its end. The read is now in requests of READ_SLOTS_PER_REQUEST slots, the interrupt looked at between
-    them (ftcoord.leader.slot_scan; here one slot a request, of three). Each request of the leader's costs a token per slot it
+    them (ftcoord.leader.slot_scan; here one slot a request, of three). Each request of the leader's costs a token per
+    slot it
     reads; once the generation is interrupted the leader gets one token: enough to finish the request it is in, not
     to read every slot."""
     monkeypatch.setattr(slot_scan, "READ_SLOTS_PER_REQUEST", 1)

@@ -167,7 +167,8 @@ def test_members_gone_by_evidence_are_not_awaited_by_the_next_leader(store_serve
 
 
 def _launched(store: object, slot: int, launcher_pid: int) -> None:
-    """What a launcher reports when it starts a slot's process (ftcoord.protocol.launcher_report): the node it runs on."""
+    """What a launcher reports when it starts a slot's process (ftcoord.protocol.launcher_report): the node it runs
+    on."""
     store.set(keys.launcher(slot), json.dumps({"host": "node", "launcher_pid": launcher_pid}))  # type: ignore[attr-defined]
 
 
@@ -180,7 +181,8 @@ def test_a_hot_spare_on_a_lost_node_is_not_seated_until_it_proves_alive(store_se
     leader's question, or is gone with them after evidence_silence; one on another node is seated at once.
     Sabotage: without the doubt, the first decision below is made at once, with the dead spare."""
     timing, clock = Timing(), Clock()
-    clock.now = time.monotonic() - 1.0  # the leader's question is timed on the real clock (ftcoord.protocol.evidence.Probe)
+    # the leader's question is timed on the real clock (ftcoord.protocol.evidence.Probe)
+    clock.now = time.monotonic() - 1.0
     store = job_store(connect(store_server.address), job_id)
     judge = Judge(store, timing, None, get_logger())
     judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)
@@ -249,7 +251,8 @@ def test_a_hot_spare_seen_silent_is_not_seated_until_it_answers(store_server: St
     that long (it took over a moment ago) is seated at once.
     Sabotage: the doubt only for a lost node's neighbours, as before: the first decision below is made at once."""
     timing, clock = Timing(), Clock()
-    clock.now = time.monotonic() - 1.0  # the leader's question is timed on the real clock (ftcoord.protocol.evidence.Probe)
+    # the leader's question is timed on the real clock (ftcoord.protocol.evidence.Probe)
+    clock.now = time.monotonic() - 1.0
     store = job_store(connect(store_server.address), job_id)
     judge = Judge(store, timing, None, get_logger())
     judge.observer = LivenessObserver(timing.heartbeat_timeout, clock=clock)

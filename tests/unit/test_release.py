@@ -1,5 +1,6 @@
 """A member blocked in a collective with a peer that stopped answering is released once the leader declares that peer
-dead (ftcoord.liveness.group_release), by the interrupt or after another reason's, and only then: real sockets, a thread blocked in
+dead (ftcoord.liveness.group_release), by the interrupt or after another reason's, and only then: real sockets, a thread
+blocked in
 a receive on one of them, a real store."""
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def _end(process: subprocess.Popen[str]) -> None:
 
 
 def test_a_process_frozen_holding_the_gil_writes_every_stack_before_the_kill(tmp_path: Path) -> None:
-    """Its Python code runs no more (no heartbeat, no log: ftcoord.liveness.still_stack cannot see it); faulthandler's handler,
+    """Its Python code runs no more (no heartbeat, no log: ftcoord.liveness.still_stack cannot see it); faulthandler's
+    handler,
     C without the GIL, still writes where each thread stands."""
     process = _start(FROZEN, str(tmp_path))
     try:

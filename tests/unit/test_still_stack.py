@@ -123,7 +123,8 @@ def test_a_spare_in_its_join_and_a_member_waiting_in_its_finish_wait_on_their_pe
         store_server: StoreServer, job_id: str) -> None:
     """Real participants, half a second of stillness to look at (progress_timeout 1 s). A hot spare waits for its
     generation in ftcoord's join, and a member that finished waits for the other in ftcoord's finish: both wait on
-    their peers, several frames below ftcoord.wrapper.generation_client in the store's client. Neither is shown as standing still,
+    their peers, several frames below ftcoord.wrapper.generation_client in the store's client. Neither is shown as
+    standing still,
     and the member that finished is published waiting (":w"), as one in a collective is: before, it was no different
     from a stuck member to the leader's culprit rule, and the spare was logged as still (a random chaos schedule)."""
     timing = Timing(heartbeat_interval=0.05, heartbeat_timeout=1.0, join_timeout=0.5, barrier_timeout=60.0)

@@ -351,7 +351,8 @@ def test_clients_made_side_by_side_in_one_process_own_only_their_own_sockets(sto
 
 def test_a_cut_client_fails_its_call_in_flight_at_once_and_its_next_call_reconnects(
         store: Restartable, job_id: str) -> None:
-    """`cut()` (what a process group's creation gets when its generation is interrupted: ftcoord.wrapper.call): a wait in
+    """`cut()` (what a process group's creation gets when its generation is interrupted: ftcoord.wrapper.call): a wait
+    in
     flight on the client's raw store, as torch's rendezvous sends it from C++, fails at once rather than after the
     client's 300 s; the next call opens a new connection without taking the store for away (no reconnection of the
     link's other clients)."""

@@ -206,7 +206,8 @@ def test_a_rejoin_that_waits_past_its_first_slice_reads_no_record_of_the_interru
         assert first.generation == second.generation == 2
         sent = {op: n for (role, op), n in (_requests(first) - before).items() if role == "trainer"}
         assert sent.get("check", 0) >= 1, f"the rejoin looked at nothing past its first slice: {sent}"
-        # Past the slice: three looks at the job's end (fatal, done, stopped: ftcoord.store.client.get_or_none, a compare_set
+        # Past the slice: three looks at the job's end (fatal, done, stopped: ftcoord.store.client.get_or_none, a
+        # compare_set
         # each) and the check; a read of the record before would be a fourth compare_set.
         assert sent.get("compare_set") == 3, f"the rejoin read more than the job's end past its slice: {sent}"
     finally:

@@ -196,7 +196,8 @@ print(json.dumps(out))
 
 
 def test_a_wire_client_on_an_event_loop_sends_the_same_and_waits_without_exceptions() -> None:
-    """chaos.scale.worker_events' clients (an operating system's socket, waited on by the event loop: chaos.scale.wire_store)
+    """chaos.scale.worker_events' clients (an operating system's socket, waited on by the event loop:
+    chaos.scale.wire_store)
     send the same bytes and get the same answers as the blocking client; a request larger than the socket's buffers
     goes whole, and its answer comes back whole; a timed wait runs out on time with no exception thrown into its
     greenlet, and leaves the connection in step; a connection shut down under a wait (how a StoreLink cuts one) ends
