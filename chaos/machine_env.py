@@ -1,7 +1,7 @@
-"""The environment of the processes the chaos tools start on this one machine (a run's launchers, a bench's members).
+"""The environment of the processes the chaos tools start on one host (a run's launchers, a bench's members).
 
-Every "node" is this machine: gloo binds its pairs on loopback (its default, the interface of the host's name, may be
-one this sandbox cannot route), and torch's C++ warnings stay at ERROR (ftcoord's store waits end in a timeout by
+Every "node" is the same host: gloo binds its pairs on loopback (its default, the interface of the host's name, may
+be one a sandbox cannot route), and torch's C++ warnings stay at ERROR (ftcoord's store waits end in a timeout by
 design: ftcoord.launcher.children_env). What the caller set wins.
 """
 

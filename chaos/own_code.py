@@ -1,10 +1,10 @@
 """The worker processes a bench starts run the bench's own code, wherever it was started from.
 
 `python -m module` puts the working directory first on the module path, ahead of PYTHONPATH: a bench of one
-checkout started from another (an A/B run of two versions, PYTHONPATH=/other/checkout) got workers of the
-working directory's checkout, and timed the same code in both arms (the scale bench's A/B runs of 2026-11-28, README).
-So a worker runs with `-P` (no working directory on its path: Python 3.11) and this checkout first on PYTHONPATH, in
-the caller's own working directory, where the relative paths it was given (`--out runs/x`) mean what they meant.
+checkout started from another (an A/B run of two versions, PYTHONPATH=/other/checkout) would get workers of the
+working directory's checkout, and time the same code in both arms. So a worker runs with `-P` (no working directory
+on its path: Python 3.11) and this checkout first on PYTHONPATH, in the caller's own working directory, where the
+relative paths it was given (`--out runs/x`) mean what they meant.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ CODE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkout_command(module: str, args: list[str]) -> list[str]:
-    """`python -P -m module args`: with `own_code_env`, the module of this checkout (ftcoord.host.interpreter.module_command
-    gives a child its parent's path options instead: a rank's helpers)."""
+    """`python -P -m module args`: with `own_code_env`, the module of this checkout
+    (ftcoord.host.interpreter.module_command gives a child its parent's path options instead: a rank's helpers)."""
     return [sys.executable, "-P", "-m", module, *args]
 
 

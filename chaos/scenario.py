@@ -1,20 +1,10 @@
 """Scenario files (TOML): the job to run and the faults to inject, validated up front.
 
-    name = "kill-boundary"
-    description = "SIGKILL a rank right after a committed step; the launcher restarts it"
-    [job]
-    nproc = 2
-    steps = 120
-    global_batch = 32
-    [[faults]]
-    kind = "kill-boundary"
-    slot = 1
-    step = 40
-
-A fault's `slot` is 0..nproc-1 for the workers and nproc.. for the hot spares (`spares` of them, on
-the first node); `rank = r` aims at whoever trains as rank r when the fault fires.
-
-Every error names the key, the value and what is allowed.
+A scenario has a `name`, a `description`, a `[job]` table (nproc, steps, global_batch, ...) and `[[faults]]`
+tables, each a `kind` with its target and `step`: `kind = "kill-boundary"`, `slot = 1`, `step = 40` SIGKILLs slot
+1 right after step 39 is committed. A fault's `slot` is 0..nproc-1 for the workers and nproc.. for the hot spares
+(`spares` of them, on the first node); `rank = r` aims at whoever trains as rank r when the fault fires. The bundled
+scenarios (chaos/scenarios/*.toml) are complete examples. Every error names the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -351,25 +341,22 @@ def ranks_kept(job: JobSpec) -> int:
 def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10,
                   kinds: tuple[str, ...] = RANDOM_KINDS) -> tuple[Fault, ...]:
     """Faults drawn from an MTBF (in steps): kinds, slots and steps all from the seed. A fault aimed at a rank aims
-    at one the job keeps at every step (`ranks_kept`): drawn among all of them, a job of two nodes drew faults for
-    ranks that did not exist while it trained at the size of one node, and they never fired (mixed schedule E).
-    A second fault drawn for the rank and step of an earlier one is left out: the first ends that rank's step, which
-    its peers commit, so the step is not run again and an in-rank second never fires (mixed schedule H: a
-    raise-midstep and a kill-midstep at step 34 of rank 2), and one sent from outside finds that rank's process
-    dead or changed. So is a fault sent from outside at step s to the rank of an in-rank fault at step s - 1, in
-    either order drawn: it is sent once any rank committed step s - 1, and the rank it aims at may still be in that
-    step, before its own fault's point (seed 33004, six ranks: a hang at step 55 stopped rank 1 after step 54's
-    reduction and before its raise-midstep at step 54, which never fired). So is an in-rank fault at the boundary
-    of step s (after step s - 1 is committed) for the rank of an in-rank fault inside step s - 1, in either order
-    drawn: that one ends the rank's step s - 1 before its commit, its peers commit it, and nobody holding that rank
-    passes the boundary (seed 33019, three ranks and a spare: a kill-midstep of rank 1 at step 164 and its raise at
-    step 165, which never fired). And so is a boundary fault at step 0: no boundary comes before step 0 (seed 33055,
-    mtbf 10: a kill-boundary there never fired). The draws are the same either way.
+    at one the job keeps at every step (`ranks_kept`), or it might aim at a rank that does not exist when it comes.
+    Left out, because an in-rank fault would never fire or one sent from outside would find the process dead or
+    changed:
+    - a second fault for the rank and step of an earlier one: the first ends that rank's step, its peers commit it,
+      and a committed step is not run again;
+    - a fault sent from outside at step s to the rank of an in-rank fault at step s - 1, in either order drawn: it is
+      sent once any rank committed step s - 1, and the rank it aims at may still be in that step, before its point;
+    - an in-rank fault at the boundary of step s for the rank of an in-rank fault inside step s - 1, in either order
+      drawn: that one ends the rank's step s - 1 before its commit, so nobody holding the rank passes the boundary;
+    - a boundary fault at step 0: no boundary comes before step 0.
+    A fault left out takes its draws all the same, so the rest of the schedule is unchanged.
 
     `kinds` (RANDOM_KINDS unless a [random] table lists others): the kinds drawn from. A store fault, or a pause of a
     launcher or of a standby, lasts half or three heartbeat timeouts, as a pause does; a launcher's or a standby's is
-    that of the node of a slot drawn among the job's. The draws for RANDOM_KINDS are the same as before these kinds
-    could be listed: a seed plans what it planned."""
+    that of the node of a slot drawn among the job's. Only those kinds draw a duration or a node, so the draws for
+    RANDOM_KINDS do not depend on which other kinds exist."""
     rng = random.Random(seed)
     faults, step, ranks = [], 0.0, ranks_kept(job)
     aimed: dict[tuple[int, int], str] = {}  # (rank, step) of the faults aimed at a rank -> its point (ends_first)
@@ -384,7 +371,7 @@ def random_faults(job: JobSpec, seed: int, mtbf_steps: float, margin: int = 10,
         target = rng.randrange(ranks)  # a rank: spares and replacements cannot make it miss
         slot = rng.randrange(job.nproc) if kind in NODE_AIMED_MORE_KINDS else 0  # whose node's launcher or standby
         if int(step) == 0 and at_boundary(kind):
-            continue  # it would never fire (no boundary before step 0: seed 33055, mtbf 10, drew one)
+            continue  # it would never fire: no boundary comes before step 0
         if kind in RANK_KINDS:
             at, point = (target, int(step)), IN_RANK_ACTIONS[kind][1] if kind in IN_RANK_KINDS else OUTSIDE
             if at in aimed or ends_first(aimed.get((target, at[1] - 1)), point) or ends_first(
@@ -429,7 +416,8 @@ OUTSIDE = "outside"
 
 def ends_first(earlier: str | None, later: str | None) -> bool:
     """A fault at point `earlier` in step s - 1 leaves one at point `later` in step s of the same rank unfired
-    (random_faults leaves such pairs out; chaos.proof.effects says why one never fired). None: no fault planned there."""
+    (random_faults leaves such pairs out; chaos.proof.effects says why one never fired). None: no fault planned
+    there."""
     if earlier is None or later is None:
         return False
     if later == OUTSIDE:  # sent once any rank committed step s - 1: the rank may still be before its fault's point

@@ -1,15 +1,12 @@
 """The step ledger: one JSON line per committed step per rank (what the verifier reads).
 
-Fields of a "step" line:
-  kind="step", job, generation, rank, slot, world_size, step (0-based global step that was
-  committed), epoch, cursor (step within the epoch), window_hash (sha1 prefix of the global
-  window's sample ids), shard_hash, shard_count, shard_ids (this rank's sample ids), loss
-  (this rank's shard loss), lr, mono/ts (monotonic and wall clock), pid.
-Other kinds: "generation" (a generation started here, with how it healed), "checkpoint"
-(a save and its stall), "final" (the parameter digest when the run completed), "stopped".
-Lines are written with one write() each, so a SIGKILL loses no committed line; only a process
-that died inside that write can leave a torn last line, and `scan_ledgers` reports any torn line
-(the verifier decides whether a death explains it).
+A "step" line holds kind="step", job, generation, rank, slot, world_size, step (the 0-based global step committed),
+epoch, cursor (step within the epoch), window_hash (sha1 prefix of the global window's sample ids), shard_hash,
+shard_count, shard_ids (this rank's sample ids), loss (this rank's shard loss), lr, mono/ts (monotonic and wall
+clock) and pid. Other kinds: "generation" (a generation started here, with how it healed), "checkpoint" (a save and
+its stall), "final" (the parameter digest when the run completed), "stopped". Lines are written with one write()
+each, so a SIGKILL loses no committed line; only a death inside that write leaves a torn last line, and
+`scan_ledgers` reports any torn line (the verifier decides whether a death explains it).
 """
 
 from __future__ import annotations
@@ -77,7 +74,7 @@ def files_under(directory: str | Path, pattern: str) -> list[Path]:
     """The files under a directory (recursively) whose names match `pattern`, sorted.
 
     A run directory is read while the run writes into it: a checkpoint's temporary directory can be
-    renamed or removed between listing its parent and opening it, and that is no error (`rglob` raised
+    renamed or removed between listing its parent and opening it, and that is no error (where `rglob` would raise
     FileNotFoundError). A missing directory holds no files, as with `rglob`: the callers judge what
     an empty result means (to the verifier, missing evidence is a failure).
     """

@@ -1,24 +1,13 @@
 """Gradient reduction in a fixed order: the same bits at every world size, on every run.
 
-gloo's (and NCCL's) all-reduce sums in an order that depends on the group's topology: with 3+
-ranks a re-formed group can add the same gradients in another order and end a few ulps away
-(float addition is not associative). DDP's built-in reduction also multiplies by 1/W before the
-sum. Here every element is reduced as `((g_0 + g_1) + ... + g_{W-1}) / W`, in rank order, always:
-
-- deterministic: a run with faults ends bit-identical to a fault-free run with the same world
-  size at every step, whatever the world size (2 ranks were already exact: a + b = b + a);
-- reproducible outside DDP: the verifier's replay computes each rank's gradient in one process
-  and reduces with `reduce_in_rank_order`, the same arithmetic, so an elastic run (2 -> 1 -> 2)
-  is checked bit for bit too.
-
-With 2 ranks every element's sum is one addition, and `a + b` has the same bits as `b + a`: the
-hook is then a plain asynchronous all-reduce (sum) followed by the division, the arithmetic above
-exactly, overlapping communication with the rest of backward as DDP's own reduction does (it cost
-1.35x DDP's step time when it took the general path, 32 ms vs 24 ms per step in `chaos bench`).
-With 3+ ranks the hook is bandwidth-optimal like a ring all-reduce: `all_to_all` hands rank c the
-c-th chunk of every rank's bucket, rank c sums its chunk in rank order, `all_gather` returns the
-chunks. That path runs synchronously inside backward (a collective issued from a future's callback
-could reach the ranks in different orders); its cost is measured by `chaos bench` (`reduction`).
+gloo's (and NCCL's) all-reduce sums in an order that depends on the group's topology: with 3+ ranks a re-formed
+group can add the same gradients in another order and end a few ulps away, and DDP's built-in reduction multiplies
+by 1/W before the sum. Here every element is `((g_0 + g_1) + ... + g_{W-1}) / W`, in rank order, always: a faulted
+run ends bit-identical to a fault-free run of the same world sizes, and the verifier's replay reduces with
+`reduce_in_rank_order`, the same arithmetic. With 2 ranks the sum is one addition (`a + b` has the bits of `b + a`):
+the hook is an asynchronous all-reduce and the division, overlapping backward as DDP's does. With 3+ ranks it is
+bandwidth-optimal like a ring (`all_to_all`, each rank sums its chunk in rank order, `all_gather`), synchronously
+inside backward: a collective issued from a future's callback could reach the ranks in different orders.
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations at runtime

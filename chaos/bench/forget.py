@@ -2,7 +2,7 @@
 
 A generation of N members is planted in a real store as a job leaves it (its record, the keys of its change, gloo's
 rendezvous key per member), and the leader's schedule forgets it from a thread named as the leader duty's: once
-deleting itself (no forgetter: ftcoord before its Forgetter), once handing it to a Forgetter, alternating which
+deleting itself (no forgetter: the baseline), once handing it to a Forgetter, alternating which
 goes first in each repetition. Measured: how long the leader's round stood in the schedule, the requests it sent
 meanwhile (the store link counts them by thread: on a network each is a round trip, so the round stands ~requests x
 RTT), and how long until every key was gone. The store is a process of its own; loopback here: the requests are

@@ -1,18 +1,13 @@
 """`chaos bench --only heal`: healing ~100M parameters + Adam from one member to one and to two fresh ones.
 
-Three ways side by side in the same processes, alternating which goes first each repetition:
-- old: the heal ftcoord had before `call.heal` (kept here as the baseline): the whole state pickled with
-  `torch.save` into bytes on the source and sent point-to-point to each receiver in turn, unpickled there;
-- new: `ftcoord.wrapper.heal.heal` (tensor-wise, in place, one transfer for all receivers);
-- raw: one `broadcast` of a flat buffer as large as the state into fresh memory on the receivers (the
-  floor: a fresh process has nowhere to put the bytes yet, and first-touching 1.1 GiB costs 0.8-3 s of
-  page faults on this sandbox, more than moving it);
-- raw warm: the same broadcast into a buffer the receivers touched before (no target: what the wire alone
-  costs, shown so the page-fault share is visible).
-Each time is from a barrier to the last member done (the maximum over the members). Receivers are fresh
-before every repetition: a new model from another seed and an Adam with no state, as a replacement is.
-
-    python -m chaos.bench.heal --rank R --world W --store H:P --prefix P --reps N --out F   (one member)
+Side by side in the same processes, alternating which goes first each repetition: `old`, the baseline (the whole
+state pickled with `torch.save` on the source, sent point-to-point to each receiver in turn, unpickled there);
+`new`, `ftcoord.wrapper.heal.heal` (tensor-wise, in place, one transfer for all receivers); `raw`, one `broadcast` of
+a flat buffer as large as the state into fresh memory (the floor: a fresh process must first-touch its pages); and
+`raw warm`, the same into memory touched before (no target: the wire alone, so the page-fault share shows). Each
+time runs from a barrier to the last member done. Receivers are fresh before every repetition (a new model from
+another seed, an Adam with no state), as a replacement is. One member runs as
+`python -m chaos.bench.heal --rank R --world W --store H:P --prefix P --reps N --out F`.
 """
 
 from __future__ import annotations
@@ -60,7 +55,7 @@ def _digest(objects: dict[str, Any]) -> str:
 
 
 def old_heal(objects: dict[str, Any], step: int) -> None:
-    """The previous `training.heal`: exchange (step, model digest), pickle everything, send to each in turn."""
+    """The baseline heal: exchange (step, model digest), pickle everything, send to each receiver in turn."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = (step, _digest({"model": objects["model"]}))
     everyone: list[Any] = [None] * world

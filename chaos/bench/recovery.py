@@ -52,7 +52,7 @@ def fault_run(out: Path, name: str, job: JobSpec, faults: tuple[Fault, ...]) -> 
 
 
 def classes(steps: int) -> dict[str, tuple[JobSpec, tuple[Fault, ...]]]:
-    """The fault classes of the recovery issue, each a job and its fault(s) at a third of the run."""
+    """The fault classes the recovery figures cover, each a job and its fault(s) at a third of the run."""
     at = steps // 3
     two, three = default_job(steps=steps, ckpt_strategy="none"), default_job(steps=steps, nproc=3, global_batch=48,
                                                                                ckpt_strategy="none")

@@ -1,13 +1,12 @@
-"""`chaos bench --only store_restart`: what a store restart costs training (issue 13's targets).
+"""`chaos bench --only store_restart`: what a store restart costs training, against its targets.
 
 Real runs (2 ranks under ftcoord-launch, a user's default timing: 0.5 s heartbeats, 5 s timeout; a separate
 `ftcoord-store` SIGKILLed and started again empty on the same port 2 s later), each verified like any chaos run:
-- **store restart alone**: steps committed while the store was away (target > 0), and the training
-  stall it caused: the longest gap between two commits from the kill until 2 s after the store's return,
-  beyond the run's median step (target <= 0.1 s);
-- **a rank killed while the store is away** (SIGKILL of slot 1 20 steps after the store's kill): the
-  survivor's stall counted from the store's return (the first process to reconnect) to the first step
-  committed in a newer generation (target <= 0.5 s).
+- **store restart alone**: steps committed while the store was away (target > 0), and the training stall it caused:
+  the longest gap between two commits from the kill until 2 s after the store's return, beyond the run's median
+  step (target <= 0.1 s);
+- **a rank killed while the store is away** (SIGKILL of slot 1 20 steps after the store's kill): the survivor's stall
+  from the store's return (the first process to reconnect) to the first step of a newer generation (target <= 0.5 s).
 Medians with min-max over the repetitions.
 """
 
@@ -46,7 +45,7 @@ step = 80
 
 def _scenario(out: Path, name: str, with_kill: bool) -> Path:
     path = out / f"{name}.toml"
-    path.write_text(f'name = "{name}"\ndescription = "issue 13 benchmark"\n' + JOB + (KILL if with_kill else ""))
+    path.write_text(f'name = "{name}"\ndescription = "store restart benchmark"\n' + JOB + (KILL if with_kill else ""))
     return path
 
 

@@ -70,7 +70,7 @@ def _paired(store: str, out: Path, reps: int, steps: int, a: tuple[str, str], b:
         a_ms.append(times[a] * 1000)
         b_ms.append(times[b] * 1000)
         ratios.append(times[b] / times[a])
-    # Per-repetition ratios swing by several % on 2 shared cores; the ratio of the medians
+    # Per-repetition ratios swing with the noise of shared cores; the ratio of the medians
     # over all repetitions is the steadier estimate (both are reported).
     return {"ratio_of_medians": round(statistics.median(b_ms) / statistics.median(a_ms), 4), "ratio": summary(ratios),
             "a_step_ms": summary(a_ms, 3), "b_step_ms": summary(b_ms, 3)}

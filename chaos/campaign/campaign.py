@@ -1,25 +1,11 @@
 """Campaign files (TOML): one experiment as a list of runs × seeds, with the published figures to compare.
 
-    name = "ecrl-exp1"
-    experiment = "Exp1: failure recovery"
-    description = "2 ranks, 1000 steps, rank 0 killed at steps 200 and 600"
-    seeds = [1337, 2027]
-    [job]                     # the scenario [job] every run starts from
-    nproc = 2
-    steps = 1000
-    [[faults]]                # the faults of every run that is not the reference
-    kind = "kill-boundary"
-    step = 200
-    [[runs]]
-    name = "reference"
-    reference = true          # fault-free; the others are compared with it, seed by seed
-    [[runs]]
-    name = "blocking"
-    job = { ckpt_strategy = "blocking" }
-    published = { goodput_delta_pct = -7.98, restarts = 2 }
-
-A run's `job` overrides the campaign's, its `faults` replace the campaign's. Every run × seed is
-checked as a scenario before anything starts, so a typo fails in a second, not an hour in.
+At the top: `name`, `experiment`, `description`, `seeds`, a `[job]` every run starts from (a scenario's [job] keys)
+and the `[[faults]]` of every run that is not the reference. Each `[[runs]]` table has a `name`; exactly one is the
+fault-free `reference = true`, and the others are compared with it, seed by seed. A run's `job = {...}` overrides
+the campaign's, its `faults` replace the campaign's, and `published = {goodput_delta_pct = -7.98, ...}` holds the
+figures to compare (keys of METRICS). The bundled campaigns (chaos/campaigns/*.toml) are complete examples. Every
+run × seed is checked as a scenario before anything starts, so a typo fails in a second, not an hour in.
 """
 
 from __future__ import annotations
@@ -185,7 +171,7 @@ def bundled_names() -> list[str]:
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    """`--seeds 1337,2027`: non-negative integers, each once."""
+    """`--seeds` (e.g. 1337,2027): non-negative integers, each once."""
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError as exc:

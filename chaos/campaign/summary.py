@@ -1,4 +1,4 @@
-"""A campaign's summary: per run, every metric over seeds (mean, std, 95% CI), beside the published figure.
+"""A campaign's summary: per run, each metric over seeds (mean, std, 95% confidence interval) and its published figure.
 
 `summary.json` keeps every value; `summary.md` shows one table per experiment in the ECRL report's
 layout (correctness, goodput and its change against the reference, restarts, divergence) with a

@@ -1,41 +1,13 @@
 """Holding a run to its scenario: every planned fault fired at a live process and had its effect.
 
-A fault that was planned but never reached a process, or reached one and changed nothing, proves
-nothing about recovery: the run must fail, with the reason. Each kind states what it must cause,
-read from the run's own ledger after the moment the fault was injected:
-
-| kind                                              | expected effect                                   |
-|---------------------------------------------------|---------------------------------------------------|
-| kill, kill-boundary, kill-midstep, kill-midreduce, | a newer generation commits a step                 |
-| kill-leader, kill-follower,                       |                                                   |
-| hang, early-restart, lose, raise, raise-midstep,  |                                                   |
-| stuck                                             |                                                   |
-| pause, pause-leader (any role)                    | the job trains on: a step is committed after it   |
-| replace                                           | a step is committed at the job's full world size  |
-| preempt                                           | the job stops at a step boundary, then resumes    |
-| ckpt-crash                                        | the relaunched job resumes from a checkpoint      |
-| slow                                              | nothing (it must not be taken for a death)        |
-| kill-standby, pause-standby, pause-launcher       | the job trains on: a step is committed after it   |
-| store-restart, store-hang                         | steps are committed while the store is away       |
-|   (the job standing still behind an earlier fault, | the job trains on: a step is committed after it   |
-|   or stopped by a later one before its next step)  |                                                   |
-
-A pause may be shorter than the heartbeat timeout (ridden through: nobody restarts) or longer (the
-paused member is fenced and replaced, a paused spare is simply late): either way the job must commit
-steps after it, and the verdict holds it to exactly-once and the model check as always.
-
-A store fault that comes while the job stands still behind an earlier fault (its members blocked on a node that stopped
-answering, say: no step is committed between that fault and this one) cannot show training through the outage; it is
-held to the job training on after it. So is one cut short by a later fault that stops training (a kill, a pause, a
-slow step at least as long as the outage, ...) before a step could be committed: fired within two step times of the
-store fault, with no step between (a kill 21 ms after the store went away, with steps of 38 ms: the survivors' failed
-collective needs the store to re-form, so nothing could be committed until it was back). A later fault that leaves
-more time than that does not excuse it.
-
-A kill or hang that hit a hot spare (a slot that was not training then) is expected to make its
-launcher replace it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r. A kill-leader
-hits a hot spare too when one leads (a leader leads until it dies, seated or not): no generation
-changes for it, and its launcher replaces it.
+A fault that was planned but never reached a process, or reached one and changed nothing, proves nothing about
+recovery: the run fails, with the reason. EFFECTS states what each kind must cause, read from the run's own ledger
+after the moment the fault was injected: a newer generation commits a step (kills, hangs, raises, a lost node), a
+step is committed after it (pauses, a standby's or a launcher's fault), steps are committed while the store is away
+(store faults), and so on. A store fault that came while the job stood still behind an earlier fault, or that a
+later stopping fault cut short (within two step times, no step between), is held to the job training on after it.
+A kill or hang that hit a hot spare (a slot not training then; a leader may be one) is held to its launcher
+replacing it; aim faults at a rank (`rank = r`) to hit whoever trains as rank r.
 """
 
 from __future__ import annotations
@@ -103,8 +75,7 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
 def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:
     """The job stood still when `event` fired: an earlier fault that fired had no step committed after it yet, beyond
     the steps committed when it fired (an in-rank fault at a boundary fires as its own rank commits step s - 1; its
-    peers' records of s - 1 come a moment later, and are no step after it: hand schedule h-t, a store restart 1.5 s
-    into a stuck rank's stall, failed for training through nothing)."""
+    peers' records of s - 1 come a moment later, and are no step after it)."""
     at = event["mono"]
     for earlier in events:
         if not earlier.get("fired", True) or not earlier["mono"] < at:  # (`event` itself is not earlier)
@@ -147,7 +118,7 @@ def _cut_short(event: dict[str, Any], events: list[dict[str, Any]], records: lis
 
 def _ended_first(index: int, scenario: Scenario, events: list[dict[str, Any]]) -> str:
     """Why an in-rank fault never fired when another in-rank fault for the same target and step did: the first ended
-    that process's step, its peers committed the step, and no one runs a committed step again (mixed schedule H)."""
+    that process's step, its peers committed the step, and no one runs a committed step again."""
     planned = scenario.faults[index]
     if not planned.in_rank:
         return ""

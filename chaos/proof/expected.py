@@ -1,14 +1,12 @@
 """What a run must have trained, computed from the specification, not from the run's own code.
 
-The ledger records the sample ids that came back with the batch and a digest of the batch's bytes.
-The verifier compares them with this module's expectation, which is written apart from
-`training.sampler` on purpose: a sampler that picked the wrong window, or a loop that fed the model
-other data than it logged, cannot vouch for itself. The specification (DESIGN.md §2):
-
-- steps_per_epoch = D // B; global step s is step s % steps_per_epoch of epoch s // steps_per_epoch;
-- the order of epoch e is torch.randperm(D) from a generator seeded with derive_seed(seed, "epoch", e);
-- step s trains the window order[c*B:(c+1)*B] (c the step within the epoch);
-- rank r of W trains the contiguous shard window[r*B/W:(r+1)*B/W].
+The ledger records the sample ids that came back with the batch and a digest of the batch's bytes. The verifier
+compares them with this module's expectation, written apart from `training.sampler` on purpose: a sampler that picked
+the wrong window, or a loop that fed the model other data than it logged, cannot vouch for itself. The specification
+(DESIGN.md §2): steps_per_epoch = D // B; global step s is step s % steps_per_epoch of epoch s // steps_per_epoch;
+the order of epoch e is torch.randperm(D) from a generator seeded with derive_seed(seed, "epoch", e); step s trains
+the window order[c*B:(c+1)*B] (c the step within the epoch); rank r of W trains the contiguous shard
+window[r*B/W:(r+1)*B/W].
 """
 
 from __future__ import annotations

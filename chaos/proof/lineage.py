@@ -1,20 +1,13 @@
 """The run's lineage: which generation's commit of each step the final model carries.
 
 A step may be committed more than once: by a generation cut short and by the one that re-ran it after a rollback,
-or on two branches, when a generation started from an older state than another had reached. The verifier took the
-highest-numbered generation that committed a step as the one that counts. That is wrong when that generation's
-branch was abandoned. Mixed schedule M2: generation 1000003 (4 ranks) committed step 200 and then stood blocked
-behind a stuck rank; 1000004 (2 new processes) loaded the checkpoint of step 200 and trained steps 200-242 until one
-of them stuck too; 1000005 formed from 1000003's members and resumed at step 201 from their state. The model carries
-1000003's step 200 (4 ranks), not 1000004's (2 ranks, and a different order of summation), and the replay of the
-schedule as the verifier read it differed from the run by an ulp from step 208 on, though the run was right.
-
-So the lineage is read backward from the last step. The generation that committed it started at its start_step
-from its heal source's state, and that state is, in the source process's own ledger, its last commit before that
-generation (a commit of step start_step - 1), or the start of a generation it began since without committing
-(resolved the same way), or, when it loaded a checkpoint there, the generation that saved that checkpoint. That
-generation carries the steps before, and so on down to step 0. A step the walk cannot place (a ledger without
-those facts) falls back to the highest generation that committed it.
+or on two branches, when a generation started from an older state than another had reached. The highest-numbered
+generation is not always the one that counts: its branch may have been abandoned. So the lineage is read backward
+from the last step. The generation that committed it started at its start_step from its heal source's state, which
+is, in the source process's own ledger, its last commit before that generation (of step start_step - 1), or the
+start of a generation it began since without committing (resolved the same way), or, when it loaded a checkpoint,
+the generation that saved that checkpoint. That generation carries the steps before, and so on down to step 0. A
+step the walk cannot place (a ledger without those facts) falls back to the highest generation that committed it.
 """
 
 from __future__ import annotations

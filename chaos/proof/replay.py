@@ -1,22 +1,13 @@
 """The model check's reference: the run's own schedule, replayed in one process without faults.
 
-A fault-free run of the same world sizes cannot be had from real processes without a planned
-re-formation at every size change, and a re-formation goes through the very resume paths a check
-must not trust. So the replay computes, step by step, what W data-parallel ranks compute:
-
-    for each rank r: buffers as committed; torch.manual_seed(derive_seed(seed, "step", s, r));
-                     the rank's shard (chaos.proof.expected); forward, backward -> g_r; the loss
-    buffers <- rank 0's after its forward (training.buffers: what DDP's next forward would do)
-    grad <- reduce(g_0 .. g_{W-1})  (training.reduction: the run's own arithmetic)
-    optimizer.step(); scheduler.step()
-
-with the world size W of the step as the run committed it, the run's gradient reduction and the
-run's intra-op thread count (a matmul may round differently with another). With the fixed-order
-reduction this is bit-identical to real DDP at any world size: `chaos.report.reference` proves it for
-every reference it builds (the replay of the constant schedule must equal the real fault-free
-run, bit for bit), so a faithful replay is checked, not assumed. It shares with the run only the
-model, optimizer and dataset constructors and the reduction arithmetic, never the training loop,
-the heal or the checkpoint code.
+Real processes cannot give a fault-free run of the same world sizes without re-forming at every size change,
+through the very resume paths a check must not trust. So the replay computes what W data-parallel ranks compute, with
+each step's world size, gradient reduction and intra-op thread count as the run committed it: per rank, forward and
+backward on its shard (chaos.proof.expected) from the committed buffers, seeded with derive_seed(seed, "step", s, r);
+rank 0's buffers kept (training.buffers); the gradients reduced with the run's arithmetic (training.reduction); then
+the optimizer and scheduler step. With the fixed-order reduction this is bit-identical to real DDP at any world size,
+and `chaos.report.reference` checks that for every reference it builds. It shares with the run only the model,
+optimizer and dataset constructors and the reduction arithmetic, never the loop, the heal or the checkpoint code.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Exactly once for a user's own loop: a sample log the loop writes, and the check that reads it.
 
-The loop records, for every step it attempts, the ids of the samples this rank's batch holds (as the
-dataset returned them, not what a sampler says it handed out), **before** the step's forward pass:
-
-    log = SampleLog(directory, slot)          # one file per process: samples-<slot>-<pid>.jsonl
-    log.record(epoch, step, rank, world_size, generation, ids)
-
-Why before: a step that any rank commits went through an all-reduce to which every rank had
-contributed its gradient, so every rank had written its line already; a line written after the
-commit would be missing whenever a rank died between its commit and its write (a kill of rank 0 left
-one rank's share of the last step without evidence in 1 of 3 runs). A step that no member committed
-(a peer died inside it) is trained again by the next generation: the lines of the latest generation
-that recorded a step are the ones the model kept, and `redone` lists the steps trained again (at most
-one per fault).
-
-`check_samples(directory, size, epochs)` then proves, from those lines alone, that every sample of
-every epoch was trained exactly once (no repeat, no skip, no id outside the dataset) and that no
-process's position went backwards (within a generation it only moves forward; a later generation may
-start at the step the last one was interrupted in, never before), and names each problem. A torn
-line in the middle of a file is a problem; a torn *last* line is a process that died inside its write,
-before its forward pass, so nothing it describes was trained (`torn_last` counts them). A torn line (a process killed
-inside its write) is a problem: the evidence for that step is incomplete. `chaos check-samples DIR
---size N --epochs E` is the same check from the command line.
+For every step it attempts, **before** the forward pass, the loop records the ids its rank's batch holds, as the
+dataset returned them: `SampleLog(directory, slot).record(epoch, step, rank, world_size, generation, ids)`, one file
+per process. A committed step went through an all-reduce every rank had contributed to, so every rank's line exists
+(one written after the commit is missing when a rank dies between its commit and its write). A step no member
+committed is trained again by the next generation, whose lines count (`redone` lists such steps). `check_samples`
+(`chaos check-samples DIR --size N --epochs E`) proves from the lines alone that every sample of every epoch was
+trained exactly once and no process's position went backwards. A torn line inside a file is a problem; a torn last
+line is a death inside its write, before the forward pass (`torn_last` counts them).
 """
 
 from __future__ import annotations
@@ -38,7 +24,7 @@ from training.ledger import files_under
 
 
 class SampleLog:
-    """One JSON line per committed step, written with one write() (a SIGKILL loses no whole line)."""
+    """One JSON line per attempted step, written with one write() (a SIGKILL loses no whole line)."""
 
     def __init__(self, directory: str | Path, slot: int) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,13 @@
 """The verifier's ledger checks: every sample trained exactly once, and the evidence is complete.
 
-What it compares with what:
-- each committed step's records (the highest generation that committed it: a replay after a
-  rollback supersedes the earlier commit) against `chaos.proof.expected`, an expectation written from
-  the specification apart from the sampler: the ids that came back with each rank's batch, and a
-  digest of the bytes the batch fed the model, re-read from the dataset here;
-- the generation lines the ranks wrote when they started (world size, members, start step)
-  against the steps they committed: a re-committed step must follow a generation that started at
-  or before it (a rollback), and a generation's steps run contiguously from its start;
-- per epoch: duplicated, missing and extra samples.
-
-Missing evidence is a problem, never filled in: a member that wrote no generation line, a rank
-with no record for a step its generation committed, a torn ledger line. The one gap that a fault
-explains is the step a generation ended on: a collective that completed on one rank may have
-failed on another (a peer died inside it), so ranks that stopped one step short of the
-generation's last step are expected; their shard counts as trained, because the gradient
-all-reduce that let any rank commit included every rank's gradient.
+It compares each committed step's records (the commit the final model carries: chaos.proof.lineage) with
+`chaos.proof.expected`, written from the specification apart from the sampler: the ids that came back with each
+rank's batch and a digest of the bytes it fed the model, re-read from the dataset here. It checks the generation
+lines against the steps committed (a re-committed step follows a generation that started at or before it, and a
+generation's steps run contiguously from its start), and counts duplicated, missing and extra samples per epoch.
+Missing evidence is a problem, never filled in. The one gap a fault explains is the step a generation ended on:
+ranks one step short of its last step are expected (a peer died inside the collective), and their shard counts as
+trained, because the all-reduce that let any rank commit included every rank's gradient.
 """
 
 from __future__ import annotations

@@ -54,21 +54,18 @@ def goodput(records: list[dict[str, Any]], steps: int) -> float:
 def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], logs: Path,
                   target_world_size: int) -> list[dict[str, Any]]:
     """Per fault: detection (→ generation interrupted; under restart_policy job, → the launcher's whole-job restart,
-    which stops every process before any of them interrupts a generation: the next generation's forming, 3 s later,
-    was called the detection) and recovery (→ next committed step in a newer generation; and back at the target world
-    size).
+    which stops every process before any of them interrupts a generation) and recovery (→ next committed step in a
+    newer generation; and back at the target world size).
 
-    A detection belongs to a fault only when it came before the next fault of a later step (faults of
-    one step are one incident): a pause ridden through has neither detection nor recovery, nor has a fault of the
-    store or of a node's standby (the ranks train on; a generation that changes after one is another fault's). A
-    pause that came while
-    the job was re-forming for an earlier fault has no interrupt of its own either, but was not ridden through when
-    the paused process trained before it and committed nothing after it (left out of the re-form, replaced): its
-    recovery is timed, and its note says so (seen: a hang 17 ms after another rank's raise cost the re-form a
-    heartbeat timeout). A fault that hit a hot spare (not training then: `member` False; a kill-leader hits one when a
-    spare leads) and ended no generation has nothing to recover from either: a generation that changes after it is a
-    later fault's (seen: a spare leader paused, then killed, 0.2 s before a stuck rank, each timed at the stuck rank's
-    25 s). A fault with nothing to recover from says why in its note, which the report shows beside the None."""
+    A detection belongs to a fault only when it came before the next fault of a later step (faults of one step are
+    one incident). A pause ridden through has neither detection nor recovery, nor has a fault of the store or of a
+    node's standby (the ranks train on; a generation that changes after one is another fault's). A pause that came
+    while the job was re-forming for an earlier fault has no interrupt of its own either, but was not ridden through
+    when the paused process trained before it and committed nothing after it (left out of the re-form, replaced):
+    its recovery is timed, and its note says so. A fault that hit a hot spare (not training then: `member` False; a
+    kill-leader hits one when a spare leads) and ended no generation has nothing to recover from: a generation that
+    changes after it is a later fault's. A fault with nothing to recover from says why in its note, which the report
+    shows beside the None."""
     interrupts = read_logs(logs, ("generation_interrupted", "member_declared_dead", "job_restart"))
     steps = sorted((r for r in records if r["kind"] == "step"), key=lambda r: r["mono"])
     timed = []
@@ -85,7 +82,6 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
             note = _noted(note, "it hit a hot spare: nothing to recover from")
         elif fault["kind"] in (*STORE_KINDS, *STANDBY_KINDS) or (detect is None and fault["kind"] in _RIDDEN_THROUGH):
             # a store or standby fault ends no generation: one that ends with it is another fault's of the same step
-            # (a kill-follower 0.5 s into a store-hang, fired once the store answered: the hang was given its 3 s)
             if fault["kind"] in STOP_KINDS and recover is not None and _left_out(fault, steps):
                 note = _noted(note, "no interrupt of its own: the re-form under way when it paused left it out")
             else:  # ridden through: nothing to recover from, and the report says why rather than a bare None

@@ -68,7 +68,7 @@ def plot_run(run_dir: Path, ref_dir: Path, report: dict[str, Any]) -> None:
 
 
 def plot_campaign(out: Path, campaign: dict[str, Any], planned: list[Any]) -> dict[str, str]:
-    """A campaign's plots next to its summary: goodput bars with CI whiskers (the report's figures as
+    """A campaign's plots next to its summary: goodput bars with 95% confidence whiskers (the report's figures as
     markers), mean loss curve per run over seeds, and the recovery-time distribution."""
     name, runs = campaign["name"], campaign["runs"]
     labels = [run["name"] for run in runs]

@@ -1,16 +1,13 @@
 """Fault-free reference runs: built once per job configuration and code, verified, then trusted.
 
-A reference is what every faulted run of its configuration is compared with, so it is held to
-more than any run:
-- it passes the same ledger checks (exactly-once data, complete evidence);
-- every rank finished with the same parameters (ranks that disagree are an error, not a None);
-- the replay of its schedule (chaos.proof.replay) reproduces its final parameters bit for bit, which is
-  what makes a replay of another schedule a trustworthy reference for an elastic run; where no
-  replay can be exact (DDP's built-in all-reduce on 3+ ranks sums in gloo's order), within the
-  model check's tolerance, the distance recorded in the summary.
-The cache key holds the job's trajectory, a digest of this code and the torch and Python versions,
-so a changed loop never meets a stale reference; builders of one key take a file lock, and a
-reference is published by an atomic rename, so concurrent `chaos run`s are safe.
+Every faulted run of its configuration is compared with a reference, so it is held to more than any run: it passes
+the same ledger checks; every rank finished with the same parameters (ranks that disagree are an error, not a None);
+and the replay of its schedule (chaos.proof.replay) reproduces its final parameters bit for bit, which makes a
+replay of another schedule a trustworthy reference for an elastic run (where no replay can be exact, DDP's built-in
+all-reduce on 3+ ranks, within the model check's tolerance, the distance recorded). The cache key holds the job's
+trajectory, a digest of this code and the torch and Python versions, so a changed loop never meets a stale
+reference; builders of one key take a file lock, and a reference is published by an atomic rename, so concurrent
+`chaos run`s are safe.
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ STILL_FIELDS = ("slot", "incarnation", "pid", "step", "still_s", "at", "thread")
 
 
 def still_threads(logs: Path) -> list[dict[str, Any]]:
-    """Where each training thread that stood still without waiting on its peers stood (ftcoord.liveness.still_stack): the
-    first thing to read about a rank fenced as hung. The whole stack is in the rank's log."""
+    """Where each training thread that stood still without waiting on its peers stood
+    (ftcoord.liveness.still_stack): the first thing to read about a rank fenced as hung. The whole stack is in the
+    rank's log."""
     return [{k: e.get(k) for k in STILL_FIELDS} for e in read_logs(logs, ("training_thread_still",))]
 
 

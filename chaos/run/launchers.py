@@ -2,7 +2,7 @@
 
 A run's launchers and ranks run this checkout's `ftcoord` and `training` (chaos.own_code: `python -P -m`, this checkout
 first on PYTHONPATH), wherever `chaos run` was started from: a run started in a directory that holds another
-checkout tested that one's ranks against this one's verifier.
+checkout must not test that one's ranks against this one's verifier.
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ class Launchers:
 
     def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
                  output: Path, reference: bool = False, faults: int = 0) -> None:
-        """`faults`: how many faults the scenario plans (each may cost a slot one restart; a fixed 20 stopped a
-        schedule that killed one slot 21 times, its launcher exiting 3 with 'restarts exhausted')."""
+        """`faults`: how many faults the scenario plans (each may cost a slot one restart, so a schedule of planned
+        deaths never exhausts a launcher's restarts)."""
         self.job, self.store, self.job_id, self.out = job, store, job_id, out
         self.max_restarts = CRASH_LOOP_RESTARTS + faults
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
         self.env = own_code_env(machine_env(**{PLAN_ENV: json.dumps(plan), MARKER_DIR_ENV: str(out)}))
-        # The "nodes" share this machine: split its cores over all ranks, not per launcher.
+        # The "nodes" share one host: split its cores over all ranks, not per launcher.
         self.env.setdefault("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))
         if crash:
             self.env[CRASH_ENV] = crash
@@ -98,13 +98,12 @@ class Launchers:
             self.start(node)
 
     def node_of(self, slot: int) -> Node:
-        """The node that runs `slot` (JobSpec.node_of: a hot spare's is the first; a lose of a spare's slot stopped the
-        run with a bare StopIteration)."""
+        """The node that runs `slot` (JobSpec.node_of: a hot spare's is the first, so a spare's slot has a node too)."""
         return self.nodes[self.job.node_of(slot)]
 
     def standby_of(self, node: Node) -> int | None:
-        """The pid of the node's warm standby (its launcher's child that runs ftcoord.launcher.standby_template); None when it has none
-        running."""
+        """The pid of the node's warm standby (its launcher's child that runs ftcoord.launcher.standby_template); None
+        when it has none running."""
         if node.process is None or node.process.poll() is not None:
             return None
         for children in Path(f"/proc/{node.process.pid}/task").glob("*/children"):

@@ -3,9 +3,9 @@
 A run whose scenario faults the store runs it as its own process (`ftcoord-store`), so it can be SIGKILLed,
 started again empty on the same port, or SIGSTOPped like any server; other runs keep it in the runner.
 
-A restart's outage is the fault's `duration` and then the new server's own start (Python and torch: 1.1-1.6 s on a
-busy 2-core machine, more than a short outage asked for): each outage is timed to the new server's ready line, and
-the run's report says how long the store was away, not only how long was asked (`Outage.note`).
+A restart's outage is the fault's `duration` and then the new server's own start (Python and torch: seconds, more
+than a short outage asks for): each outage is timed to the new server's ready line, and the run's report says how
+long the store was away, not only how long was asked (`Outage.note`).
 """
 
 from __future__ import annotations

@@ -35,8 +35,9 @@ ONE_PROCESS_KINDS = (*RANK_KINDS, "kill-leader", "kill-follower", "pause-leader"
 
 def hit_member(kind: str, slot: int | None, tail: LedgerTail) -> bool | None:
     """Whether the process a fault hit was training then (a member of the newest generation) or not (a hot spare: its
-    launcher is to replace it, chaos.proof.effects); None for a fault of no one process. The leader may be a hot spare (it
-    leads until it dies, seated or not): a kill-leader that hit one changes no generation, and was held to one."""
+    launcher is to replace it, chaos.proof.effects); None for a fault of no one process. The leader may be a hot spare
+    (it leads until it dies, seated or not): a kill-leader that hit one changes no generation, and is not held to
+    one."""
     return tail.is_member(slot) if kind in ONE_PROCESS_KINDS and slot is not None else None
 
 
@@ -315,8 +316,8 @@ class ChaosRunner:
 
     def _store_away(self) -> bool:
         """The run's store is down (a store-restart's outage) or stopped (a store-hang) by a fault of this run, and
-        only this loop brings it back: a read of it now would wait for itself (a kill-leader drawn within a store
-        fault's duration blocked the runner's loop, and with it the store's restart, for good)."""
+        only this loop brings it back: a read of it now would wait for itself (a kill-leader within a store fault's
+        duration would block the runner's loop, and with it the store's return, for good)."""
         return self.server.restarting or any(pid == self.server.pid for _, pid in self._pending_conts)
 
     def _heal_partitions(self, now: float, launchers: Launchers) -> None:
@@ -328,10 +329,9 @@ class ChaosRunner:
 
     def _resume_stopped(self, now: float, launchers: Launchers) -> None:
         """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a
-        leader paused already, such as a hot spare that won the first election: the shorter pause's SIGCONT cut the
-        longer one short, and the spare was neither fenced nor replaced). A process of a node partitioned since stays
-        stopped: the partition holds it, and its heal (Launchers.resume) continues the node's whole process group (a
-        rank's or a launcher's pause that ended inside a partition woke that one process of a node that answers
+        leader paused already: the shorter pause's SIGCONT must not cut the longer one short). A process of a node
+        partitioned since stays stopped: the partition holds it, and its heal (Launchers.resume) continues the node's
+        whole process group (a pause that ends inside a partition must not wake one process of a node that answers
         nothing)."""
         held = launchers.partitioned_groups()
         for due, pid in sorted(self._pending_conts):

@@ -1,57 +1,13 @@
 """`chaos bench --scale`: the coordination protocol among thousands of participants, by simulation.
 
-What is real: the store server (`ftcoord-store`, its own process: its memory and CPU are measured), every
-participant (an ftcoord Participant with its own store clients and its heartbeat, leader duty, interrupt
-monitor and helper watch threads), SIGKILL. What is simulated: the training (a trainer thread per participant
-pings progress and rejoins when interrupted; no model, no collectives) and the hosts: participants share a
-few processes on this machine, so the network is loopback and every participant's CPU comes out of the same
-2 cores. Per size N, the measures of issue 17:
-
-- `advance`: the current generation interrupted with everyone present, until every participant holds the
-  next record (median over repetitions of the slowest participant; and the median participant); each at a random
-  moment of the leader's round, as a fault comes (between_advances);
-- `reform_marked`: one participant SIGKILLed and marked dead (as its launcher does), until every survivor
-  holds a record without it;
-- `detect_silent`: one SIGKILLed with nobody to mark it, until the leader interrupts the generation for its
-  silence (target: heartbeat_timeout + one interval), and until the survivors re-formed;
-- `false_positives`: live participants left out of any generation (a wrong death);
-- `ops_per_participant_s`: store requests per participant per second at steady state (all threads of all
-  participants, the leader included; a timed-out wait counts twice), by thread role;
-- `leader_cpu_per_advance_s`: the leader duty's CPU over the advances (its thread's and its forgetter's), per advance;
-- `requests_per_advance`: what an advance costs each participant beyond the steady state, by thread/op, and
-  `cores_busy_during_advance`: the store's share of its one core and the participants' of this machine's
-  cores meanwhile (which of them set the pace);
-- store memory (RSS) and key count, after formation and after `--generations` back-to-back advances (counted
-  once settled);
-- `floor_s`: what the same number of bare store clients, laid out alike, take on this machine to hear an
-  interrupt, be counted and hear a decision: with nothing else, with ftcoord's critical-path requests, with every
-  request ftcoord makes, and with the process group's rendezvous key too (chaos.scale.floor): how far an advance is
-  from what this machine allows. A size too big to simulate here gets its floor alone (bare clients keep no steady
-  state up), with a record sized from the largest size measured (`record_bytes_estimated`).
-
-- `stragglers`: a change still incomplete STRAGGLING_S after it began: which participants had not announced
-  themselves or got the record, their workers, and where the threads of a few of them were (stack and interrupt watch
-  state, asked of their workers); a change over 1 s: how late each worker's participants were; and
-  `unasked_changes`: generation changes nobody asked for, with the interrupts' reasons (each a false positive).
-
-`--participants events` (the default where gevent is installed: chaos.cli) runs the bulk's participants on an event
-loop (chaos.scale.worker_events) rather than on threads: the same ftcoord code, each of its threads a greenlet, each
-store client chaos.scale.wire_store's (the same bytes on the wire as torch's client). On a machine of few cores, thousands
-of threads woken at once cost the kernel and the interpreter locks more than the protocol costs anyone: at 1,024 the
-advance took about a third less this way (README, "Scale"), the leader decided sooner, and the floor of bare clients
-moved little, so the difference is the cost of waking ~5,000 threads, which a job whose ranks each have a host does
-not pay. The leader and the two kill victims stay processes of threads. The floor is measured as the participants
-ran.
-
-The worker processes, seen from here (how they start, what they say, their CPU and memory, the kills):
-chaos.scale.swarm.
-
-scale.md and scale.png, and which targets were missed: chaos.scale.report.
-
-How the participants are laid out in processes, and when a size does not fit this machine (its memory,
-threads, the store's descriptors, or the CPU its participants would keep busy at steady state: not started,
-reported as not measured with what it would need, and counted as a missed target): chaos.scale.layout. A
-size whose run fails (a worker process died: said at once, with its slots) is a miss too.
+Real: the store server (`ftcoord-store`, its own process), every participant (an ftcoord Participant with its own
+store clients and threads) and SIGKILL. Simulated: the training (a trainer thread per participant pings progress;
+no model, no collectives) and the hosts: participants share a few processes of the host the bench runs on, over
+loopback. Per size N it measures `advance`, `reform_marked`, `detect_silent`, `false_positives`, the steady state's
+store requests, the leader's CPU per advance, what an advance costs in requests and cores, the store's memory and
+keys, stragglers and unasked changes, and `floor_s` (bare clients, chaos.scale.floor). `--participants events` runs
+the bulk on an event loop (chaos.scale.worker_events). The workers: chaos.scale.swarm; how a size is laid out and
+whether it fits: chaos.scale.layout; scale.md, scale.png and the missed targets: chaos.scale.report.
 """
 
 from __future__ import annotations
@@ -87,10 +43,9 @@ HOST = "127.0.0.1"
 DEFAULT_SIZES = (64, 256, 1024, 4096)
 def between_advances(rng: random.Random, timing: Timing) -> float:
     """The pause before the next advance: half a second, and a random part of two of the leader's ticks, so that an
-    advance begins at any moment of the leader's round, as a fault does. With a fixed pause every advance began at
-    the same moment of it: in its read of every slot (at 1,024 participants ~30 ms on a quiet machine, 70-250 ms
-    while the previous advance's participants still used the cores), which the leader has to finish before it
-    hears the interrupt. That phase is in the figures too: it is one of the moments a fault can come."""
+    advance begins at any moment of the leader's round, as a fault does. A fixed pause would start every advance at
+    the same moment of the round; every phase of it (its read of every slot, say, which the leader finishes before
+    it hears the interrupt) is a moment a fault can come, so every phase belongs in the figures."""
     return 0.5 + rng.uniform(0.0, 2 * timing.tick)
 
 
@@ -167,7 +122,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
                  for name in counts_after}
         result["requests_per_advance"] = {k: round(v, 2) for k, v in sorted(extra.items()) if round(v, 2) > 0}
         # The store is one thread: a share near 1 means it, not the participants, set the pace. The participants'
-        # share is out of this machine's cores (on a real job each rank has a host's). Over all the advances
+        # share is out of the host's cores (on a real job each rank has a host's). Over all the advances
         # together: CPU time is counted in clock ticks (10 ms), longer than a small size's whole advance.
         took = sum(b[2] for b in busy)
         result["cores_busy_during_advance"] = {"store": round(sum(b[0] for b in busy) / took, 3),
@@ -178,7 +133,7 @@ def run_size(n: int, *, repetitions: int, generations: int, window_s: float, ste
         result["unasked_changes"] = unasked
         result["advance_median_participant_s"] = summary(medians)
         # Where an advance's time goes: every participant announced itself (their rejoin: in this simulation,
-        # thousands of them share 2 cores), the leader decided (the protocol's own critical path), every
+        # thousands of them share the host's cores), the leader decided (the protocol's own critical path), every
         # participant holds the record (delivery).
         result["advance_phases_s"] = {name: summary([p[i] for p in phases])
                                       for i, name in enumerate(("all_announced", "decided_after", "delivered_after"))}
@@ -373,10 +328,10 @@ def _many_generations(swarm: Swarm, store: Any, generation: int, everyone: set[i
 
 def _settled_key_count(store: Any, generation: int, n: int, within_s: float = 15.0) -> int:
     """The store's key count once `generation` (just decided, n members) is settled: the generation KEEP_GENERATIONS
-    before it forgotten (its last keys deleted, ftcoord.protocol.generations.forget), and the count unchanged since. The leader
-    forgets it only once the new generation's members all arrived (or a heartbeat timeout later:
-    ftcoord.leader.forgetter), a round or more after they joined; a count that merely stood still for a moment caught it
-    before that as often as not, and a store holding one generation's keys more looked like growth (CI, twice)."""
+    before it forgotten (its last keys deleted, ftcoord.protocol.generations.forget), and the count unchanged since.
+    The leader forgets it only once the new generation's members all arrived (or a heartbeat timeout later:
+    ftcoord.leader.forgetter), a round or more after they joined; a count that merely stands still for a moment can
+    be read before that, and a store holding one generation's keys more would look like growth."""
     deadline = time.monotonic() + within_s
     old = generation - KEEP_GENERATIONS
     last_keys = [keys.all_arrived(old), keys.gloo_rendezvous(old, n - 1)] if old >= 1 else []
@@ -429,7 +384,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
             except (RuntimeError, TimeoutError) as exc:
                 print(f"N={n}: not measured: the run failed: {exc}", flush=True)
                 results.append({"participants": n, "not_measured": f"the run failed: {exc}"})
-            if "advance_s" in results[-1]:  # what this machine allows any protocol at this size (chaos.scale.floor)
+            if "advance_s" in results[-1]:  # what the host allows any protocol at this size (chaos.scale.floor)
                 results[-1]["floor_s"] = _floor(n, count, repetitions, results[-1]["record_bytes"], participants)
             if "worker_memory_mb" in results[-1]:  # the next size is planned on what this one measured
                 m = results[-1]["worker_memory_mb"]
@@ -446,7 +401,7 @@ def run_scale_bench(out: Path, sizes: list[int], quick: bool = False, generation
 def scale_timing(heartbeat_interval: float | None) -> Timing:
     """The simulated participants' timing: the default a user gets, or a heartbeat every `heartbeat_interval` seconds
     with the default's timeout of ten intervals (a job of thousands of ranks may beat less often: its store serves
-    2 / heartbeat_interval requests a second per rank for heartbeats alone, and on this machine its simulated
+    2 / heartbeat_interval requests a second per rank for heartbeats alone, and on one host its simulated
     participants' share of the cores is that much more). ConfigError for an interval Timing refuses."""
     if heartbeat_interval is None:
         return Timing()
@@ -475,7 +430,7 @@ def _floor(n: int, per_process: int, repetitions: int, record_bytes: int, partic
 def _floor_beyond(n: int, memory: WorkerMemory, repetitions: int, measured: list[dict[str, Any]],
                   participants: str) -> dict[str, Any]:
     """The floor of a size too big to simulate here (chaos.scale.floor: bare clients, no heartbeats, so no steady
-    state to keep up): what this machine allows any protocol at that size, and whether ftcoord's own requests fit
+    state to keep up): what the host allows any protocol at that size, and whether ftcoord's own requests fit
     the target where the simulation cannot say. Laid out as the size would have been (scale_layout.layout), with a
     record as big per member as the largest size measured before it had (records grow more slowly than that)."""
     sized = [r for r in measured if "record_bytes" in r]

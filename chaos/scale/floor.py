@@ -1,32 +1,13 @@
-"""What this machine allows N participants, whatever the protocol: the advance's floor (`chaos bench --scale`).
+"""The advance's floor for `chaos bench --scale`: what N bare store clients take, whatever the protocol.
 
-An advance tells every participant, through its own store connection, that its generation ended, counts it in,
-and tells it the next record: two wakes of N waiting clients, with requests between and after. On this machine
-the N clients share 2 cores (on a real job each has a host's), so a wake of a thousand waiters costs tens of
-milliseconds by itself, whatever the protocol does. This module measures that, with the participants' layout
-(the same processes, one client and one thread per participant) and no ftcoord logic: bare TCPStore clients,
-and a driver that plays the leader (sets the interrupt key, polls the count every 5 ms like the leader's poll of
-the announcements, then writes a record of the size the swarm's was, and releases the monitors). Four variants,
-each over several rounds:
-
-- `least`: wake, one request to be counted (an add), wake: the least any protocol on a store must do;
-- `critical_path`: the requests on ftcoord's own critical path, in order: the monitor's wait for the interrupt
-  and its read (TCPStore's get: two requests), the trainer's announcement (an append: the driver counts its
-  lines, as the leader does); its wait for the record and the read (five requests);
-- `ftcoord_requests`: the critical path, then the rest of what ftcoord asks of a participant per advance, from the
-  same thread: the monitor's release (a wait, and no read: ftcoord.liveness.interrupt_watch) and the rendezvous's count (an add of
-  `arrived`): seven requests;
-- `every_request`: those, and the process group's own rendezvous key (gloo's, as ftcoord's members write it:
-  chaos.scale.worker.GLOO_KEY_BYTES): the eight requests an advance costs a participant, as `requests_per_advance`
-  counts them (tests/integration/test_scale_bench.py checks the two agree, operation by operation).
-
-The advance measured with the whole protocol, less `critical_path`, is what ftcoord's own logic, threads and
-off-path requests cost; `every_request`, what its requests cost with no thread but one per participant, and
-`ftcoord_requests` beside it, what of that is ftcoord's own and what the process group's rendezvous; `least`
-against a target says whether the target is reachable on this machine at all.
-
-The worker side runs as `python -m chaos.scale.floor` and talks JSON lines on stdout ("ready", then one "round"
-per round: the latest moment any of its clients finished).
+An advance tells every participant that its generation ended, counts it in and tells it the next record: two wakes
+of N waiting clients, with requests between and after. Here the clients are laid out as the participants were (the
+same processes, one client and one thread each) with no ftcoord logic, and a driver plays the leader: it sets the
+interrupt key, polls the count every _POLL_S, writes a record of the swarm's size and releases the monitors.
+VARIANTS, least to most: `least` (wake, one add, wake), `critical_path` (the requests on ftcoord's critical path),
+`ftcoord_requests` (every request ftcoord makes of a participant per advance) and `every_request` (those and gloo's
+rendezvous key: what `requests_per_advance` counts; tests/integration/test_scale_bench.py checks the two agree).
+The worker side runs as `python -m chaos.scale.floor` and prints JSON lines ("ready", then one "round" per round).
 """
 
 from __future__ import annotations
@@ -59,7 +40,7 @@ def _key(variant: str, round_: int, name: str) -> str:
 
 
 def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slot: int) -> None:
-    """One bare participant: for each round, hear the interrupt, be counted, hear the record (see the docstring)."""
+    """One bare participant: for each round, hear the interrupt, be counted, hear the record (module docstring)."""
     announcement = json.dumps({"generation": 0, "slot": slot, "incarnation": 1, "step": 0}) + "\n"
     for r in range(rounds):
         interrupt, record = _key(variant, r, "interrupt"), _key(variant, r, "record")
@@ -74,7 +55,8 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
         else:
             store.get(record)
         if variant in ("ftcoord_requests", "every_request"):
-            store.wait([_key(variant, r, "probe")], _WAIT)  # the monitor, released: no read (ftcoord.liveness.interrupt_watch)
+            # the monitor, released: no read (ftcoord.liveness.interrupt_watch)
+            store.wait([_key(variant, r, "probe")], _WAIT)
             store.add(_key(variant, r, "arrived"), 1)  # the rendezvous counts the member in
         if variant == "every_request":  # the process group's own rendezvous: gloo's address key
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * GLOO_KEY_BYTES)

@@ -1,34 +1,13 @@
-"""How `chaos bench --scale` lays N simulated participants out on this machine, and whether they fit.
+"""How `chaos bench --scale` lays N simulated participants out on the host it runs on, and whether they fit.
 
 The leader gets a process of its own, so does each of the two kill victims; the bulk shares processes,
-`per_process` participants each. What a worker process costs the machine (measured, torch 2.14.1):
-- **its own memory**: ~290 MB for the process (torch's import: anonymous pages, private to each process)
-  and ~0.4 MB per participant;
-- **shared memory**: torch's libraries (~370 MB, file-backed), paid once for all processes (the page cache
-  maps the same pages into each; a process's RSS counts them again, so a sum of RSS overstates the need
-  several times over);
-- **tasks**: six threads per participant (heartbeat, leader duty, interrupt watch, helper watch, the store
-  link's watchdog, the trainer), out of the kernel's pid_max and threads-max for the whole machine;
-- **CPU**: each simulated participant keeps ~0.25 ms of CPU a second busy at steady state (its threads waking
-  for ~3 store requests a second). A size whose participants would take more than 40% of the machine's cores at
-  steady state alone (60% as events: CPU_SHARE) is not run: its heartbeats would be late, and every figure would
-  measure the machine.
-  (4,096 were tried on 2 cores: ~24,000 threads, a load average of 1,500, 2,600 threads runnable at once, store
-  connections timing out at 10 s, workers aborting; they never formed. Tried again once a participant's steady
-  state cost half as much, at 58-75% of the cores by this estimate, and started a few workers at a time so that
-  none aborted: the store, one thread among ~11,000, starved once ~1,600 had started, and no generation was
-  decided within barrier_timeout. A third time once it cost less again (0.24 ms a second, the helper watch told
-  rather than polling): 49% by this estimate, all workers at once; connections timed out at 10 s and a worker
-  aborted during start-up. 1,024, at 12-19%, runs. As events, 4,096 at 52% ran: CPU_SHARE.)
-- **the store's descriptors**: four connections per participant (the trainer's, the heartbeat's, the leader
-  duty's, the interrupt watch's), out of the store's open-file limit (the hard limit: ftcoord-store raises
-  its soft limit to it). A real rank has a fifth, for its process groups (ftcoord.wrapper.decorator); a simulated one
-  writes its rendezvous keys through the trainer's client, or 4,096 of them would pass this machine's hard
-  limit of 20,000 (which a process cannot raise).
-
-The fewest participants per process that fit are used: each process has one interpreter lock for hundreds
-of threads. A size that fits no layout is refused before anything starts (DoesNotFit says what it would
-need and what to do), never killed for memory halfway through.
+`per_process` participants each, the fewest that fit (each process has one interpreter lock for hundreds of
+threads). A size must fit four budgets: memory (a worker's own, each participant's, and torch's shared libraries
+counted once: WorkerMemory), the kernel's threads (THREADS_PER_PARTICIPANT), the store's descriptors
+(CONNECTIONS_PER_PARTICIPANT, within its hard open-file limit) and the CPU its participants keep busy at steady
+state (at most CPU_SHARE of the cores: past it heartbeats are late and every figure measures the host, not the
+protocol). A size that fits no layout is refused before anything starts (DoesNotFit says what it would need and
+what to do), never killed for memory halfway through.
 """
 
 from __future__ import annotations
@@ -48,24 +27,21 @@ CONNECTIONS_PER_PARTICIPANT = 4
 STORE_AND_DRIVER_MB = 1536  # the store process (torch too, plus a connection per client) and this driver
 HEADROOM = 0.9  # of the memory available: the page cache, the kernel's own share
 PARTICIPANT_CORES = 0.00025
-"""The CPU a simulated participant keeps busy at steady state, in cores, until a run measured it (0.24-0.25 ms per
-second at 1,024 here: its threads waking for ~3 store requests a second)."""
+"""The CPU a simulated participant keeps busy at steady state, in cores, until a run measured it (its threads wake
+for ~3 store requests a second)."""
 CPU_SHARE = {"threads": 0.4, "events": 0.6}
-"""Of this machine's cores, what the simulated participants may keep busy at steady state, by how they run. Threads:
-below the least that failed (49%, above), well above the most that ran (1,024 participants: 12-19%). Events
-(chaos.scale.worker_events): a few dozen processes, not thousands of threads, so the store is never one thread
-among ~11,000 the kernel shares the cores between; 4,096 at a heartbeat every 2 s, 52% by this estimate (36%
-measured once they ran), formed in 18 s, every advance decided, a silent kill detected within its target and no
-false positive (2026-11-28)."""
+"""Of the host's cores, what the simulated participants may keep busy at steady state, by how they run. Events
+(chaos.scale.worker_events) may take more: a few dozen processes, not thousands of threads, so the store is never
+one thread among thousands that the kernel shares the cores between."""
 
 
 class DoesNotFit(Exception):
-    """N participants cannot be simulated on this machine: the message says what they need and what to do."""
+    """N participants cannot be simulated on the host: the message says what they need and what to do."""
 
 
 @dataclass(frozen=True)
 class WorkerMemory:
-    """What worker processes cost this machine's memory, in MB (defaults until a run measured them)."""
+    """What worker processes cost the host's memory, in MB (defaults until a run measured them)."""
 
     process_mb: float = 320.0
     """A worker process's own memory with no participant (torch's import)."""
@@ -94,7 +70,7 @@ def worker_processes(n: int, per_process: int = PER_PROCESS[0]) -> int:
 
 @dataclass(frozen=True)
 class Machine:
-    """What this machine can give a simulation."""
+    """What the host can give a simulation."""
 
     available_mb: float
     free_tasks: int
@@ -159,10 +135,9 @@ def freeze_startup_objects() -> None:
     out of the garbage collector's full collections, once it started: call it then.
 
     Every worker allocates alike, so their full collections come due together; each walks every object in its
-    process holding the interpreter's lock, ~0.1 s alone, and 6-10 s when sixteen coincide on 2 cores (measured
-    at 1,024). Their participants froze meanwhile: an advance that met them took 4-50 s, and once 25 s with
-    reconnections after it. A real rank collects on its own host, with one participant's threads waiting, not
-    sixty-four; frozen, a full collection here walks only what was made since (`gc.freeze`)."""
+    process holding the interpreter's lock, and their participants stand still meanwhile. A real rank collects on
+    its own host, with one participant's threads waiting, not sixty-four; frozen, a full collection here walks only
+    what was made since (`gc.freeze`)."""
     gc.collect()
     gc.freeze()
 
@@ -183,7 +158,7 @@ def available_mb() -> float:
 
 
 def free_tasks() -> int:
-    """How many more threads the kernel lets this machine start (pid_max and threads-max, less those running)."""
+    """How many more threads the kernel lets the host start (pid_max and threads-max, less those running)."""
     limits = []
     for name in ("pid_max", "threads-max"):
         try:

@@ -1,4 +1,4 @@
-"""What `chaos bench --scale` measured, as issue 17's targets judge it and as people read it: scale.md and scale.png.
+"""What `chaos bench --scale` measured, judged against its targets and written for people: scale.md and scale.png.
 
 Every size's result is the dict chaos.scale.bench.run_size returns (with `floor_s` from chaos.scale.floor); a size
 that was not measured has only `participants` and `not_measured` (why), and counts as a missed target.
@@ -6,6 +6,7 @@ that was not measured has only `participants` and `not_measured` (why), and coun
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from ftcoord.config import Timing
 
 
 def targets_missed(results: list[dict[str, Any]]) -> list[str]:
-    """Issue 17's targets, each a sentence when missed (a measure that could not be made is a miss too)."""
+    """The scale targets, each a sentence when missed (a measure that could not be made is a miss too)."""
     missed = []
     for r in results:
         n = r["participants"]
@@ -152,7 +153,7 @@ def _floor_alone(result: dict[str, Any]) -> str:
 
 
 def _floor_said(result: dict[str, Any]) -> str:
-    """What bare clients took on this machine (chaos.scale.floor), to set beside an advance: a clause."""
+    """What bare clients took on the bench's host (chaos.scale.floor), to set beside an advance: a clause."""
     floor = result.get("floor_s") or {}
     said = [f"{name.replace('_', ' ')} {f['median']} s" for name, f in floor.items() if "median" in f]
     return f" (bare clients on this machine, floor: {', '.join(said)})" if said else ""
@@ -190,7 +191,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("participants")
     ax.set_ylabel("ms")
-    ax.set_title("ftcoord generation change vs participants (simulated, 2 cores)")
+    ax.set_title(f"ftcoord generation change vs participants (simulated, {os.cpu_count()} cores)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -5,12 +5,9 @@ reads what they say (who joined which generation and when, their full collection
 their store requests and their stragglers' stacks, measures their CPU and memory, and SIGKILLs the kills' victims.
 
 The store and every worker process each run in a session of their own (the driver stays in the caller's), so
-the kernel's scheduler (autogroups) shares the cores between them as between hosts. In one session it shared them
-between threads: at 1,024 the store's one thread was one among ~6,000, left unscheduled for seconds whenever an
-advance woke a thousand of them; its clients' calls went unanswered for op_timeout (10 s), whole workers
-reconnected, and in 5 of 9 runs one advance took 12-40 s (the medians alike). In sessions of their own: 6 runs of
-30-40 advances, none over 2.1 s (in the one with the workers' warnings logged: no call unanswered). A worker
-writes its events from a thread of its own, so a driver that reads late holds no participant up.
+the kernel's scheduler (autogroups) shares the cores between them as between hosts, not between threads: the
+store's one thread must not be one among thousands, left unscheduled whenever an advance wakes the participants.
+A worker writes its events from a thread of its own, so a driver that reads late holds no participant up.
 """
 
 from __future__ import annotations
@@ -71,9 +68,8 @@ class Swarm:
         bulk_command = [PARTICIPANTS[participants], *arguments]
         # Slot 0 gets a process of its own and starts first: it leads, as a rank on a host of its own would (not
         # sharing an interpreter with dozens of simulated participants). The last two slots each get a process
-        # of their own too, started last (so neither leads): the kills' victims. (Running the bulk at a lower CPU
-        # priority, to give the leader and the store the share other hosts would, was tried: the leader decided
-        # sooner, but starved participants straggled for seconds in every re-form.)
+        # of their own too, started last (so neither leads): the kills' victims. The bulk runs at the same CPU
+        # priority: a lower one starves its participants, which then straggle in every re-form.
         try:
             self._spawn(command, 0, 1, log)
             self.wait_for(lambda: self.started == 1, 60, "the first participant to start")
@@ -195,7 +191,7 @@ class Swarm:
         return total, leader_cpu
 
     def cpu_s(self) -> float:
-        """CPU seconds the live worker processes used (the simulated participants' own cost, on this machine)."""
+        """CPU seconds the live worker processes used (the simulated participants' own cost, on the host)."""
         total = 0.0
         for worker in self.workers:
             try:
@@ -205,7 +201,7 @@ class Swarm:
         return total
 
     def memory(self) -> WorkerMemory:
-        """What these workers cost this machine's memory (the leader's process simulates one participant)."""
+        """What these workers cost the host's memory (the leader's process simulates one participant)."""
         return WorkerMemory.measured(self.workers[0].process.pid,
                                      [(w.process.pid, w.count) for w in self.workers if w.count > 1])
 

@@ -1,12 +1,11 @@
 """An Event for greenlets whose timed wait ends without an exception: chaos.scale.worker_events' `threading.Event`.
 
 gevent's Event ends a wait that times out by throwing a Timeout exception into the waiting greenlet and catching it
-there (gevent.timeout.Timeout._on_expiration): 13-16 us of CPU for each wait that runs out, against 6 us for one
-that a timer wakes (2,048 greenlets each waiting 50 ms over and over, gevent 26.9). A thread's timed wait that runs
-out (a futex's timeout) throws nothing. A simulated participant waits out a timeout several times a second at steady
-state (its heartbeat every interval, its leader duty's looks, its trainer's steps), so in `chaos bench --scale
---participants events` the exceptions were a cost of the simulation's machinery, not of ftcoord: they took the
-machine's cores from the store and the leader that a real job's hosts would not share.
+there (gevent.timeout.Timeout._on_expiration), which costs more CPU than a wait that a timer wakes. A
+thread's timed wait that runs out (a futex's timeout) throws nothing. A simulated participant waits out a timeout
+several times a second at steady state (its heartbeat, its leader duty's looks, its trainer's steps), so in
+`chaos bench --scale --participants events` the exceptions would be a cost of the simulation, not of ftcoord,
+taking cores from the store and the leader that a real job's hosts would not share.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ class TimedEvent(gevent.event.Event):
         timer = hub.loop.timer(timeout)
         self.rawlink(wake)  # called with this event once it is set
         # From now, not from the loop's idea of now: that is the time the loop last ran, which a greenlet busy since
-        # (an import, a long computation) left behind; the timer then ran out at once (CI: 0.08 ms of a 50 ms wait).
+        # (an import, a long computation) left behind; a timer counted from it can run out at once.
         # gevent's own Timeout updates it too.
         timer.start(wake, None, update=True)
         try:

@@ -1,24 +1,13 @@
 """A TCPStore client in pure Python: torch's own wire protocol, so an event loop can run thousands of them.
 
-`chaos bench --scale --participants events` runs the bulk of its simulated participants in event-loop workers
-(chaos.scale.worker_events): ftcoord's own code, every thread of it a greenlet, every store client one of these.
-torch's TCPStore client blocks in C++, where no event loop can switch away; this one blocks in Python's socket
-module, which gevent makes cooperative. Nothing else changes: a participant sends the same requests, in the same
-order, through the same StoreLink (its reconnections, its call watch, its counts).
-
-The protocol (torch 2.14.1, c10d/store/TCPStoreBackend.hpp; checked request for request against torch's client by
-tests/unit/test_wire_store.py): a connection opens with VALIDATE and the magic number, then a PING
-with the process's pid, which the server echoes; each request is one byte of
-query type, then its arguments, integers little-endian 64-bit, strings and byte strings prefixed with their 64-bit
-length. Every key gets torch's client prefix "/" (a PrefixStore's "<prefix>/" before it). `get` and `multi_get` are
-a WAIT for the keys, then the read (two requests, as torch's client does); a wait that times out is cancelled with
-CANCEL_WAIT, and the server answers the wait (if it ended meanwhile) and then the cancellation. SET, APPEND and
-MULTI_SET are not answered.
-
-On an event loop (`loop`: chaos.scale.worker_events.LoopWaits) a connection waits for the server's answer first and
-then reads it, once, from a socket of the operating system's: gevent's cooperative socket tries every read first,
-fails it (a system call and an exception), then waits, in Python, around each (2.3 us of a 13.4 us `add` in a loop
-of 128 greenlets, and ~7 % of a participant's CPU at steady state, 2026-12-06).
+torch's client blocks in C++, where no event loop can switch away; this one blocks in Python's socket module, which
+gevent makes cooperative, and sends the same requests in the same order (chaos.scale.worker_events). The protocol
+(torch 2.14.1, c10d/store/TCPStoreBackend.hpp; tests/unit/test_wire_store.py checks it against torch's client): a
+connection opens with VALIDATE and MAGIC, then a PING with the pid, which the server echoes; a request is one byte
+of query type, then its arguments (integers little-endian 64-bit, strings prefixed with their 64-bit length). Keys
+get torch's client prefix "/". `get` and `multi_get` are a WAIT, then the read; a wait that times out is cancelled
+with CANCEL_WAIT, answered after the wait's own answer if it ended meanwhile. SET, APPEND and MULTI_SET get no answer.
+On an event loop (`loop`: chaos.scale.worker_events.LoopWaits) a connection waits for an answer, then reads it once.
 """
 
 from __future__ import annotations
@@ -125,7 +114,7 @@ class WireStore:
 
     def _send(self, query: int, *parts: bytes) -> None:
         """One request, in as few sends as the socket takes (not sendall: gevent's asks the kernel for the socket's
-        buffer size on every call, a system call per request; 3% of an event-loop worker's CPU in an advance)."""
+        buffer size on every call, a system call per request)."""
         data = memoryview(bytes([query]) + b"".join(parts))
         try:
             while data:

@@ -1,12 +1,10 @@
 """One process of `chaos bench --scale`: many simulated participants, each a real ftcoord Participant.
 
-Every simulated participant has what a rank's process has: its own StoreLink (its own clients, its own
-watchdog), its heartbeat, leader duty, interrupt monitor and helper watch threads, and a trainer thread that
-joins generations, "trains" (pings progress every `--step-s`, no model, no collectives) and rejoins when
-its generation is interrupted. After each join it does the store side of a real member's rendezvous: it
-counts itself arrived and writes its process-group address key (gloo's layout and size, GLOO_KEY_BYTES),
-so the store holds what a real job's would.
-
+Every simulated participant has what a rank's process has: its own StoreLink (its own clients, its own watchdog),
+its heartbeat, leader duty, interrupt monitor and helper watch threads, and a trainer thread that joins generations,
+"trains" (pings progress every `--step-s`, no model, no collectives) and rejoins when its generation is interrupted.
+After each join it does the store side of a real member's rendezvous: it counts itself arrived and writes its
+process-group address key (gloo's layout and size, GLOO_KEY_BYTES), so the store holds what a real job's would.
 Talks to the driver (chaos.scale.bench) in JSON lines: events on stdout; commands on stdin ("counts",
 "stacks <slot> ...": where the named participants' threads are, for a straggler; "stop").
 """
@@ -36,17 +34,17 @@ from ftcoord.store.main import raise_open_files
 from ftcoord.wrapper.participant import Participant
 
 GLOO_KEY_BYTES = 152 + len(socket.gethostname())
-"""A member's gloo rendezvous key with the options ftcoord sets (ftcoord.wrapper.call.GLOO_RENDEZVOUS_OPTIONS): its host's
-name and address (two lengths, the name, a sockaddr_storage and a sequence number): 154 bytes on this machine,
-whatever the world size. What the simulation leaves out: gloo's reads of every peer's key (multi_gets of 128)."""
+"""A member's gloo rendezvous key with the options ftcoord sets (ftcoord.wrapper.call.GLOO_RENDEZVOUS_OPTIONS): its
+host's name and address (two lengths, the name, a sockaddr_storage and a sequence number): 152 bytes and the host's
+name, whatever the world size. What the simulation leaves out: gloo's reads of every peer's key (multi_gets of 128)."""
 
 _OUT: queue.SimpleQueue[dict[str, object] | None] = queue.SimpleQueue()
 
 
 def emit(event: str, **facts: object) -> None:
     """Tell the driver, without waiting for it: a thread of its own writes the line. A participant that wrote its
-    events itself stood still whenever the driver (one process among thousands of threads on 2 cores) read its pipe
-    late: seen at 1,024, trainers held in a full pipe's write for seconds, their rendezvous and rejoins with them."""
+    events itself would stand still whenever the driver read its pipe late: its trainer held in a full pipe's write,
+    its rendezvous and rejoins with it."""
     _OUT.put({"event": event, **facts})
 
 
@@ -57,10 +55,9 @@ participant's `t` is when it joined, not when the driver read it), so the wait i
 
 def _write_events() -> None:
     """What was queued, in one write. An advance joins a process's participants one after another over a few hundred
-    ms, so a write of only what was queued at the moment was one write a participant or nearly: one write each was 8%
-    of an event-loop worker's CPU in an advance at 1,024, and writing what was queued at once still 6%, plus the
-    driver's wake-ups to read each (2026-12-01). The writer gathers for GATHER_S after the first line: a dozen writes
-    an advance, not a hundred."""
+    ms, so a write of only what was queued at the moment would be one write a participant or nearly, and a wake-up
+    of the driver to read each. The writer gathers for GATHER_S after the first line: a dozen writes an advance, not
+    a hundred."""
     while True:
         batch = [_OUT.get()]
         if batch[0] is not None:

@@ -1,18 +1,13 @@
 """`python -m chaos.scale.worker_events`: chaos.scale.worker's simulated participants, on one event loop per process.
 
 What `chaos bench --scale --participants events` runs for the bulk of its participants (the leader and the two
-kill victims stay processes of threads). Each participant is ftcoord's own code, unchanged: its heartbeat, leader
-duty, interrupt watch, helper watch and trainer are greenlets (gevent's monkey patching: threads, locks, events,
-sleeps and sockets become cooperative), and every store client is chaos.scale.wire_store's, which sends what torch's
-client sends. What it saves is the machine's, not the protocol's: a thread woken by the kernel, with its own
-interpreter lock hand-over, costs more CPU than a greenlet switched to, so on 2 shared cores the figures come
-nearer to what the store and the leader take, which is what a job of thousands of hosts shares. What it changes:
-a greenlet that computes holds its whole process up (a thread would be preempted), and a participant's heartbeat
-waits its turn behind its process's other participants, as its thread waited for the interpreter lock. A
-straggler's report (chaos.scale.bench) shows no stacks for these participants: the interpreter sees one thread.
-A timed wait that runs out throws no exception into its greenlet, as a thread's throws none (chaos.scale.timed_event:
-14% of a participant's CPU at steady state); the kernel may fire a participant's timers a little late, so that one
-wake-up of the process serves several (coalesce_timers: 22% less CPU again).
+kill victims stay processes of threads). Each participant is ftcoord's own code, unchanged, its threads greenlets
+(gevent's monkey patching) and every store client chaos.scale.wire_store's. It saves the host's CPU, not the
+protocol's: a greenlet switched to costs less than a thread woken by the kernel. What it changes: a greenlet that
+computes holds its whole process up, a heartbeat waits behind its process's other participants, and a straggler's
+report shows no stacks (the interpreter sees one thread). Timed waits throw no exception when they run out
+(chaos.scale.timed_event), and the kernel may fire timers a little late so that one wake-up serves several
+(coalesce_timers).
 """
 
 from gevent import monkey
@@ -39,7 +34,8 @@ from ftcoord.config import Timing  # noqa: E402
 from ftcoord.store.address import StoreAddress  # noqa: E402
 from ftcoord.store.link import StoreLink  # noqa: E402
 
-_CONNECT_S = 30.0  # a floor client's connection (torch's, in the floor's threads: ftcoord.store.client.connect's deadline)
+# a floor client's connection (torch's, in the floor's threads: ftcoord.store.client.connect's deadline)
+_CONNECT_S = 30.0
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
 TIMER_SLACK_S = 0.05
 """The most the kernel may fire a participant's timer late, in seconds (a fifth of a tick at most: coalesce_timers)."""
@@ -50,16 +46,13 @@ def coalesce_timers(timing: Timing) -> None:
     us), or a fifth of the participants' tick if that is less (on Linux: nothing elsewhere).
 
     A worker of 128 participants has ~400 timers due a second at the default timing (each participant's heartbeat,
-    its looks at the leader, its trainer's steps), at moments spread at random: at the default slack nearly each was
+    its looks at the leader, its trainer's steps), at moments spread at random: at the default slack nearly each is
     a wake-up of its own, a context switch and a pass of the event loop for one greenlet. A host's participant wakes
     for its own timers alone. With the slack, one wake-up serves the timers due within it, or comes with a socket's.
     Nothing in a participant waits for a timer to hear of a change (a store's answer, an event set: they wake it at
     once); a timer paces it (a beat, a look), and 50 ms is a tenth of the default heartbeat interval and a hundredth
     of its timeout; the participants whose timing the bench measures (the leader, the kills' victims) are processes of
-    threads, without it. Measured at 512 participants, both versions at once (6 windows of 20 s each), 10 ms (a 25th
-    of a tick) against Linux's default: 0.315 ms of CPU per participant per s (0.301-0.334) against 0.402
-    (0.394-0.407); at 1,024 (chaos.scale.wire_store's loop waits), alternated, 50 ms against 10 ms: 0.143 and 0.138
-    against 0.155 and 0.156 (2026-12-06)."""
+    threads, without it."""
     if not sys.platform.startswith("linux"):
         return
     slack_ns = round(min(TIMER_SLACK_S, timing.tick / 5) * 1e9)
@@ -75,8 +68,8 @@ _READ, _WRITE = 1, 2  # libev's EV_READ, EV_WRITE
 class LoopWaits:
     """chaos.scale.wire_store's waits for one connection on this process's event loop: the operating system's socket,
     non-blocking, and a watcher each for reading and writing. A wait ends when its watcher or its timer fires, with no
-    exception thrown (chaos.scale.timed_event, for the same reason). A connection cut from another greenlet (its socket shut
-    down: ftcoord.store.link, the call watch) wakes its reader, which then reads the end."""
+    exception thrown (chaos.scale.timed_event, for the same reason). A connection cut from another greenlet (its socket
+    shut down: ftcoord.store.link, the call watch) wakes its reader, which then reads the end."""
 
     def __init__(self, cooperative: socket.socket) -> None:
         self.sock = _OS_SOCKET(fileno=cooperative.detach())  # the same descriptor: the link's cuts find it

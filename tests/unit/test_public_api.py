@@ -144,3 +144,14 @@ def test_the_documentation_check_sees_a_missing_args_line(monkeypatch: pytest.Mo
     monkeypatch.setitem(ftcoord._WHERE, "job_store", "tests.unit.test_public_api")
     monkeypatch.setattr(ftcoord, "job_store", undocumented, raising=False)
     assert "job_store: parameters without an Args: line: ['store', 'job_id']" in _problems()
+
+
+def test_every_console_script_names_a_callable_entry_point() -> None:
+    """`ftcoord`, `ftcoord-store`, `ftcoord-launch` and `chaos` still point at a function after the moves."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"ftcoord", "ftcoord-store", "ftcoord-launch", "chaos"}
+    for name, target in scripts.items():
+        module, _, attribute = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attribute)), f"{name} = {target}"

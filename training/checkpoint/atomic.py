@@ -1,24 +1,13 @@
 """Crash-safe checkpoint directories: `step_<N>/` + manifest, a `latest` symlink, retention.
 
-Commit protocol (a crash at any point leaves the previous checkpoint loadable):
-write `step_<N>.tmp-<host>-<pid>/state.pt` and `manifest.json` → fsync each → fsync the temp dir →
-rename to `step_<N>/` → fsync the root → point a temp symlink at it → rename over `latest` → fsync
-the root → delete checkpoints beyond the last `keep`.
-
-What the directory promises:
-- a commit either lands whole or raises `OSError` having removed everything it wrote (a full disk
-  leaves no temp directory behind);
-- `latest` only moves forward: a replay of an older step never points it back;
-- a checkpoint that failed verification when a run resumed is renamed `step_<N>.rejected`: kept for
-  a person to inspect, never loaded, pruned or overwritten again;
-- pruning takes the directory's lock exclusively and loading takes it shared, so a loader never
-  sees a checkpoint vanish under it; a pruner that cannot have the lock at once skips this round;
-- temp directories are reaped only when written on this host by a process that is gone (the same
-  pid on another host of a shared filesystem is another process);
-- `lineage` names this directory's history: a flash image records it, so an image is only ever
-  loaded into a run of the same directory (a new, empty --ckpt-dir starts a new lineage).
-
-This module needs no torch on the write side, so the overlapped writer process stays light.
+Commit protocol (a crash at any point leaves the previous checkpoint loadable): write `step_<N>.tmp-<host>-<pid>/`
+(state.pt, manifest.json), fsync each and the temp dir, rename to `step_<N>/`, fsync the root, rename a temp symlink
+over `latest`, fsync the root, delete checkpoints beyond the last `keep`. A commit lands whole or raises `OSError`
+having removed what it wrote. `latest` only moves forward. A checkpoint that failed verification is renamed
+`step_<N>.rejected`, never loaded, pruned or overwritten. Pruning takes the directory's lock exclusively and loading
+shared, so a loader never sees a checkpoint vanish. Temp directories are reaped only when written on the same host
+by a process that is gone. `lineage` names the directory's history: a flash image is only loaded into a run of the
+same directory. The write side needs no torch, so the overlapped writer process stays light.
 """
 
 from __future__ import annotations
@@ -235,7 +224,7 @@ def prune(root: Path, keep: int) -> None:
 
 
 def reap_temps(root: Path) -> list[Path]:
-    """Remove temp entries left by dead writers on this host; others may still be writing."""
+    """Remove temp entries left by dead writers on the local host; others may still be writing."""
     removed = []
     for path in root.glob("*.tmp-*"):
         match = TEMP.match(path.name.removesuffix(".old"))

@@ -1,25 +1,13 @@
 """Flash checkpoints: copy the state into a reused shared-memory buffer, persist in the background.
 
-The training thread only memcpys tensors into the image (no pickling) and writes a tiny skeleton;
-a persister process (its own session, so it outlives the trainer) writes the image to disk with the
-atomic protocol. A process restarted on the same node loads the image from memory when it is at
-least as new as the newest checkpoint on disk.
-
-What keeps an image honest:
-- it lives in the job's node-local scratch (`ftcoord.host.scratch`: `<shm>/ftcoord-<job>/slot<S>/flash`),
-  which its launcher removes when the job ends, success or failure, and reaps when the job is dead;
-- it records the checkpoint directory and that directory's lineage token: a run loads only an
-  image of its own lineage (a fresh run with a new --ckpt-dir never starts from a stale image);
-- one persister per image at a time (it holds `persister.lock` for its lifetime), and a new
-  trainer of the slot never writes the buffer while an earlier trainer's last request is unwritten:
-  it starts its own persister and waits until that request is done, by whichever persister holds
-  the lock (the old one may still be starting); a lock holder stuck past TAKEOVER_WAIT_S is killed;
-- the writer stamps `writing` with the image's sequence number before it copies and `request` after;
-  the persister serializes its own copy and commits it only if `writing` did not move meanwhile,
-  so a torn read can never become a checkpoint (a writer-side checksum would cost 0.3-0.7 s/GiB on
-  the training thread, measured: crc32 / sha256, 2-4x the whole flash stall);
-- the persister reports every outcome (`persisted`, and `failed.json` when the disk refused it): a
-  save counts as durable only then, and failures count toward `--ckpt-max-failures`.
+The training thread only memcpys tensors into the image and writes a tiny skeleton; a persister process (its own
+session, so it outlives the trainer) writes the image to disk with the atomic protocol. A process restarted on the
+same node loads the image when it is at least as new as the newest checkpoint on disk. An image lives in the job's
+node-local scratch (`ftcoord.host.scratch`), which its launcher removes; it records the checkpoint directory's
+lineage, and a run loads only an image of its own. One persister per image (it holds `persister.lock`); a new
+trainer waits until an earlier trainer's last request is written, killing a lock holder stuck past TAKEOVER_WAIT_S.
+The writer stamps `writing` before it copies and `request` after; the persister commits its copy only if `writing`
+did not move, so a torn read never becomes a checkpoint. A save is durable only once the persister reports it.
 """
 
 from __future__ import annotations

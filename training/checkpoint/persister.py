@@ -1,15 +1,11 @@
 """The flash strategy's persister: writes shared-memory images to disk in the background.
 
-Runs in its own session, so it outlives the trainer that started it: a save requested
-just before the trainer died still becomes a durable checkpoint. Runs niced: background
-persistence must not take the CPU from training (on a 2-core box its torch import alone
-slowed the next steps 3x). Exits when its owner is gone and nothing is left to write (or on
-SIGTERM, once idle).
-
-It holds the image's `persister.lock` for its whole life (a new trainer waits for it, see
-training.checkpoint.flash), commits an image only if the writer's `writing` stamp did not move
-while it was read, and never dies of a refused write: the failure is written to `failed.json`
-for the trainer to count, the write's temp files are gone, and the next request is served.
+Runs in its own session, so it outlives the trainer that started it: a save requested just before the trainer died
+still becomes a durable checkpoint. Runs niced: background persistence must not take the CPU from training. Exits
+when its owner is gone and nothing is left to write (or on SIGTERM, once idle). It holds the image's
+`persister.lock` for its whole life (a new trainer waits for it, see training.checkpoint.flash), commits an image
+only if the writer's `writing` stamp did not move while it was read, and never dies of a refused write: the failure
+goes to `failed.json` for the trainer to count, the write's temp files are gone, and the next request is served.
 """
 
 from __future__ import annotations
