@@ -15,8 +15,36 @@ from collections.abc import Callable
 from typing import NoReturn
 
 
+def version() -> str:
+    """The installed distribution's version ("0+unknown" when run from a checkout that was never installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("ftcoord")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Prints an option's default after its help, unless there is none to print (None, a switch that is off) or the
+    help already says it in its own words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if nothing or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: what is wrong, and where the help is."""
+    """An ArgumentParser whose errors are one line: what is wrong, and where the help is; every command that uses
+    it answers `--version`."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.add_argument("--version", action="version", version=f"%(prog)s (ftcoord) {version()}")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

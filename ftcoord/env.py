@@ -23,8 +23,13 @@ TORCHRUN_RANK_ENV: str = "RANK"
 TORCHRUN_WORLD_SIZE_ENV: str = "WORLD_SIZE"
 TORCHRUN_MASTER_ADDR_ENV: str = "MASTER_ADDR"
 TORCHRUN_MASTER_PORT_ENV: str = "MASTER_PORT"
+TORCHRUN_LOCAL_WORLD_SIZE_ENV: str = "LOCAL_WORLD_SIZE"
 SLURM_PROCID_ENV: str = "SLURM_PROCID"
 SLURM_NTASKS_ENV: str = "SLURM_NTASKS"
+SLURM_NODEID_ENV: str = "SLURM_NODEID"  # this node's index in the allocation (or the srun step)
+SLURM_NNODES_ENV: str = "SLURM_NNODES"  # nodes of the allocation
+SLURM_STEP_NUM_NODES_ENV: str = "SLURM_STEP_NUM_NODES"  # nodes of this srun step
+SLURM_STEP_NUM_TASKS_ENV: str = "SLURM_STEP_NUM_TASKS"  # tasks of this srun step
 
 DEFAULT_STORE_HOST: str = "127.0.0.1"  # loopback: the store has no authentication
 DEFAULT_STORE_PORT: int = 29600
@@ -72,8 +77,9 @@ def torchrun_refusal() -> str | None:
         return None
     return ("ftcoord does not run under torchrun: its agent stops and restarts every worker when one dies, "
             "throwing away the survivors' state that ftcoord recovers from. Start the same command with "
-            "ftcoord-launch instead: `ftcoord-launch --embedded-store --nproc N -- python SCRIPT ARGS` "
-            "(one node), or `ftcoord-launch --store HOST:PORT --nproc N --first-slot K -- ...` per node")
+            "ftcoord-launch instead, with torchrun's flags: `ftcoord-launch --embedded-store --job-id NAME "
+            "--nproc-per-node N -- python SCRIPT ARGS` (one node), or `ftcoord-launch --store HOST:PORT --job-id NAME "
+            "--nnodes N --node-rank I --nproc-per-node P -- ...` on each node")
 
 
 def store_timeout_from_env(default: float) -> float:
@@ -141,3 +147,31 @@ def die_with_launcher() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != int(launcher):  # the launcher died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slurm_nodes() -> tuple[int, int] | None:
+    """(nodes, this node's index) of the srun step this process runs in, or None outside SLURM.
+
+    ftcoord-launch runs one task per node (`srun --ntasks-per-node=1`): a step with more tasks than nodes would
+    start several launchers per node, each believing it is the node, and is refused.
+    """
+    if not os.environ.get(SLURM_JOB_ID_ENV) or not os.environ.get(SLURM_NODEID_ENV):
+        return None
+    names = (SLURM_STEP_NUM_NODES_ENV, SLURM_NNODES_ENV, SLURM_NODEID_ENV, SLURM_STEP_NUM_TASKS_ENV)
+    raw = {name: os.environ.get(name, "") for name in names}
+    try:
+        nodes = int(raw[SLURM_STEP_NUM_NODES_ENV] or raw[SLURM_NNODES_ENV])
+        index = int(raw[SLURM_NODEID_ENV])
+        tasks = int(raw[SLURM_STEP_NUM_TASKS_ENV] or nodes)
+    except ValueError:
+        raise ConfigError(f"SLURM's variables do not read as numbers: {raw}; run ftcoord-launch under srun, or "
+                          f"give --nnodes and --node-rank") from None
+    if not 0 <= index < nodes:
+        raise ConfigError(f"{SLURM_NODEID_ENV}={index} is not a node of the {nodes} in this step; give --nnodes and "
+                          f"--node-rank")
+    if tasks != nodes:
+        raise ConfigError(f"this srun step runs {tasks} tasks on {nodes} nodes: ftcoord-launch runs one per node "
+                          f"and starts the node's processes itself (srun --ntasks-per-node=1 ftcoord-launch "
+                          f"--nproc-per-node P ...)")
+    return nodes, index
+

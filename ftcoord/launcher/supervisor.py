@@ -36,6 +36,7 @@ from ftcoord.launcher.standby_template import PythonCommand, unsupported
 from ftcoord.liveness.heartbeat import mark_dead
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys, launcher_report, restore
+from ftcoord.protocol.spares import SPARE_SLOT_BASE
 from ftcoord.store.client import get_or_none, read_int
 
 EXIT_OK = 0
@@ -80,6 +81,8 @@ class Supervisor:
 
     def _child_env(self, slot: SlotProcess) -> dict[str, str]:
         values = {**job_env(self.config), env.SLOT_ENV: str(slot.slot), env.LOCAL_RANK_ENV: str(slot.local_rank)}
+        if slot.slot < SPARE_SLOT_BASE:  # a worker's rank at start; a hot spare has none until it is seated
+            values[env.TORCHRUN_RANK_ENV] = str(slot.slot)
         link = getattr(self.store, "link", None)
         instance = link.learn_instance(self.store) if link is not None else None
         if instance is not None:  # a child that starts while the store is away knows which one it was

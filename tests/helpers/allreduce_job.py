@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         emit("fault", fault=kind, step=step)
         return True
 
+    torchrun_names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    emit("started", env={name: os.environ.get(name) for name in torchrun_names})
     state = {"step": 0}
     kept: list[object] = []
     log.configure(out / f"log-slot{slot}-{os.getpid()}.jsonl")

@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from ftcoord.host.stack_dump import KERNEL_VIEW
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import LeaderClaim
 from ftcoord.store.client import read_int
-from tests.helpers.runs import AllreduceRun, launch
+from tests.helpers.cluster import REPO
+from tests.helpers.runs import JOB_MODULE, AllreduceRun, launch
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(150)
@@ -682,3 +684,43 @@ def test_job_restart_policy_restarts_every_node(store_server: StoreServer, job_i
     b.assert_correct(150)
     assert [e["number"] for e in a.logs("job_restart")] == [1] and not a.logs("job_restart_followed")
     assert [e["number"] for e in b.logs("job_restart_followed")] == [1] and not b.logs("job_restart")
+
+
+def test_two_launchers_under_srun_form_one_job_from_slurms_variables(store_server: StoreServer, job_id: str,
+                                                                     tmp_path: Path) -> None:
+    """What `srun --ntasks-per-node=1 ftcoord-launch --nproc-per-node 2 -- ...` gives each node's launcher: the job
+    id (SLURM_JOB_ID), the step's nodes and this node's index. No --job-id, --store (FTCOORD_STORE), --first-slot or
+    --world-size: two launchers form one job of world size 4, and each child reads RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun would set them."""
+    slurm_job = re.sub(r"[^A-Za-z0-9._-]", "-", job_id)
+    procs = []
+    for node in (0, 1):
+        env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO),
+               "FTCOORD_STORE": store_server.address, "SLURM_JOB_ID": slurm_job, "SLURM_NNODES": "2",
+               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": str(node),
+               "SLURM_PROCID": str(node)}
+        env.pop("FTCOORD_JOB_ID", None)
+        out = tmp_path / f"node{node}"
+        command = [sys.executable, "-m", "ftcoord.launcher.main", "--nproc-per-node", "2", "--log-dir",
+                   str(out / "logs"), "--", sys.executable, "-m", JOB_MODULE, "--out", str(out), "--steps", "40"]
+        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    try:
+        results = [finish(proc) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    for code, said in results:
+        assert code == 0, said[-3000:]
+    runs = [AllreduceRun(tmp_path / f"node{node}") for node in (0, 1)]
+    host, _, port = store_server.address.rpartition(":")
+    for node, run in enumerate(runs):
+        started = {e["slot"]: e["env"] for e in run.events("started")}
+        assert sorted(started) == [2 * node, 2 * node + 1], started
+        for slot, seen in started.items():
+            assert seen == {"RANK": str(slot), "WORLD_SIZE": "4", "LOCAL_RANK": str(slot - 2 * node),
+                            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": host, "MASTER_PORT": port}, seen
+        assert {e["world_size"] for e in run.events("generation")} == {4}
+        run.assert_correct(40)
+    (launched,) = runs[1].logs("launcher_started")
+    assert launched["slots"] == [2, 3], launched

@@ -4,6 +4,7 @@ and through a world-size change; under torchrun a clear refusal; a missing store
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 from chaos.proof.samples import check_samples, read_samples
 from chaos.report.metrics import read_logs
 from ftcoord import StoreServer
+from ftcoord.launcher.main import parse_config
 from tests.helpers.cluster import REPO, Forker
 from tests.helpers.script_runs import ScriptRun, slot_pid
 from tests.helpers.train_runs import child_env
@@ -115,8 +117,18 @@ def test_under_torchrun_ftcoord_refuses_in_one_line(tmp_path: Path) -> None:
                             env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"})
     assert result.returncode != 0
     said = [line for line in (result.stdout + result.stderr).splitlines() if "does not run under torchrun" in line]
-    assert said and "ftcoord-launch --embedded-store --nproc N" in said[0], result.stderr[-2000:]
+    assert said, result.stderr[-2000:]
     assert "Traceback" not in result.stdout, "the worker should say one line, not a traceback"
+    # Each command it suggests is one the launcher accepts, placeholders filled in.
+    suggested = re.findall(r"`(ftcoord-launch [^`]*)`", said[0])
+    assert len(suggested) == 2, said[0]
+    fill = {"NAME": "j", "N": "2", "P": "2", "I": "1", "HOST:PORT": "127.0.0.1:29600", "SCRIPT": str(REPO / SCRIPT)}
+    for command in suggested:
+        argv = [fill.get(word, word) for word in command.split()[1:] if word not in ("ARGS", "...")]
+        if argv[-1] == "--":
+            argv += ["python", str(REPO / SCRIPT)]
+        config, _ = parse_config(argv)
+        assert config.job_id == "j" and config.nproc == 2, command
 
 
 def test_a_store_that_is_not_there_is_named_at_once_with_where_its_address_came_from(tmp_path: Path) -> None:
