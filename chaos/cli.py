@@ -107,13 +107,14 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `chaos` command line, every subcommand with its options."""
     parser = arguments.Parser(prog="chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the bundled scenarios")
     run = sub.add_parser("run", help="run a scenario (bundled name or TOML file) and report a verdict")
-    run.add_argument("scenario")
+    run.add_argument("scenario", help=f"a bundled scenario ({', '.join(bundled_names())}) or a TOML file")
     run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<scenario>-<time>)")
     run.add_argument("--quiet", action="store_true", help="no live progress line")
     for name, text in (("verify", "re-check a finished run directory"), ("report", "rewrite a run's report and plots")):
@@ -178,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                             "default keeps more cores busy than the simulation may take at 4096 (the report says "
                             "which timing ran)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one `chaos` command; its exit code."""
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     from ftcoord import log

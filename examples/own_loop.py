@@ -74,16 +74,20 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
 
-    def _run_epoch(self, call: CallWrapper, ddp: DDP, epoch: int) -> None:
+    def _run_epoch(self, call: CallWrapper, ddp: DDP, epoch: int) -> bool:
+        """Train what is left of `epoch`; False when the job was asked to stop (SIGTERM, a preemption notice)."""
         self.sampler.set_epoch(epoch)  # keeps the position when resuming this epoch
         for ids, source, targets in self.train_data:
             call.check()  # ftcoord: leave at a step boundary if a peer died, hung or rejoined
+            if call.should_stop:  # ftcoord: a stop asked anywhere ends the generation first: every rank stops here
+                return False
             self._record(call, epoch, ids)
             self._run_batch(ddp, source, targets)
             self.sampler.step()  # ftcoord: this global batch is consumed
             self.step += 1
             call.step = self.step  # ftcoord
             call.ping()  # ftcoord
+        return True
 
     def train(self, call: CallWrapper, max_epochs: int) -> None:
         call.init_process_group()  # ftcoord: this generation's group
@@ -93,7 +97,11 @@ class Trainer:
               f"sample {self.sampler.consumed} of {self.sampler.size} (step {self.step})", flush=True)
         ddp = DDP(self.model)
         for epoch in range(self.sampler.epoch, max_epochs):
-            self._run_epoch(call, ddp, epoch)
+            if not self._run_epoch(call, ddp, epoch):
+                if call.rank == 0:  # the position mid-epoch is in the snapshot: a relaunch resumes there
+                    self._save_snapshot()
+                    print(f"stopped: snapshot saved at step {self.step}", flush=True)
+                return
             if call.rank == 0 and epoch % self.save_every == 0:
                 self._save_snapshot()
                 print(f"epoch {epoch}: snapshot saved at step {self.step}", flush=True)
@@ -114,7 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("total_epochs", type=int, help="total epochs to train the model")
     parser.add_argument("save_every", type=int, help="how often to save a snapshot (epochs)")
-    parser.add_argument("--batch_size", type=int, default=32, help="input batch size on each device (default: 32)")
+    parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=32,
+                        help="samples each rank trains per step (default: 32)")
     parser.add_argument("--dataset-size", type=int, default=2048, help="samples (default: 2048)")
     parser.add_argument("--snapshot", type=Path, default=Path("snapshot.pt"), help="default: snapshot.pt")
     parser.add_argument("--save", metavar="PATH", help="rank 0 writes the final model's state_dict here")

@@ -10,6 +10,7 @@ optimizer and step to the replacement. Training goes on from where it was, never
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -34,8 +35,11 @@ def train(call: CallWrapper) -> float:
     call.init_process_group()  # gloo on CPU, nccl on GPU, over the ftcoord store
     # The member that trained furthest hands its state to the others (a replacement holds fresh weights).
     progress["step"] = call.heal({"model": model, "optimizer": optimizer}, step=progress["step"])
-    print(f"generation {call.iteration}: rank {call.rank} of {call.world_size} starts at step {progress['step']}",
-          flush=True)
+    print(f"generation {call.iteration}: rank {call.rank} of {call.world_size} (pid {os.getpid()}) starts at step "
+          f"{progress['step']}", flush=True)
+    if call.iteration == 1 and call.rank == 0:
+        print(f"watch it: ftcoord status --store {os.environ.get('FTCOORD_STORE')} --job "
+              f"{os.environ.get('FTCOORD_JOB_ID')} --watch", flush=True)
     ddp = DDP(model)
     loss = torch.tensor(0.0)
     while progress["step"] < args.steps:

@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ftcoord import arguments, env, log
+from ftcoord.config import Timing
 from ftcoord.errors import ConfigError, FatalError, FtcoordError, Superseded
 from ftcoord.wrapper.decorator import Wrapper
 from training.checkpoint import atomic
@@ -25,7 +26,7 @@ DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "hooks"}
 
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.Parser(prog="python -m training", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=arguments.DefaultsHelpFormatter)
     p.add_argument("--job-id", default=None, help="default: FTCOORD_JOB_ID from the launcher")
     p.add_argument("--steps", type=arguments.positive_int, default=DEFAULTS["steps"],
                    help="global steps to train in total")
@@ -63,9 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed: gradients summed in rank order, so a run with faults ends bit-identical to a "
                         "fault-free run at every world size; allreduce: DDP's built-in (exact up to 2 ranks)")
     p.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY step hook (fault injection)")
-    p.add_argument("--heartbeat-interval", type=arguments.positive_float, default=None)
-    p.add_argument("--heartbeat-timeout", type=arguments.positive_float, default=None)
-    p.add_argument("--join-timeout", type=arguments.positive_float, default=None)
+    timing = Timing()
+    p.add_argument("--heartbeat-interval", type=arguments.positive_float, default=None,
+                   help=f"seconds between two heartbeats (default: {timing.heartbeat_interval:g}: "
+                        "ftcoord.config.Timing)")
+    p.add_argument("--heartbeat-timeout", type=arguments.positive_float, default=None,
+                   help=f"a heartbeat silent this long is a death (default: {timing.heartbeat_timeout:g})")
+    p.add_argument("--join-timeout", type=arguments.positive_float, default=None,
+                   help=f"how long the leader waits for missing ranks before a partial quorum (default: "
+                        f"{timing.join_timeout:g})")
     p.add_argument("--progress-timeout", type=arguments.seconds_or_off, default=None,
                    help="a rank whose training thread made no step for this long while its heartbeat runs (and "
                         "that is not waiting on its peers) is stuck: fenced and replaced. Default: 12 heartbeat "

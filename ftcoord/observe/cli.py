@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     status = sub.add_parser(
         "status", help="show the jobs on a store and one job's generation, slots, restarts and incidents",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=arguments.DefaultsHelpFormatter,
         description="Reads the store only (it writes nothing). Heartbeat ages are this command's own "
         "observation (a one-shot read watches for two heartbeat intervals first); steps, restarts and "
         "incidents are what the job's processes and launchers publish.")

@@ -38,13 +38,14 @@ def raise_open_files() -> int:
     return soft
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`ftcoord-store`'s command line."""
     parser = arguments.Parser(
         prog="ftcoord-store",
         description="Run the external TCPStore server that ftcoord jobs coordinate through. "
         "It outlives every rank; stop it with SIGTERM or Ctrl-C. Prints one JSON line "
         '{"event": "store_ready", "address": "HOST:PORT", ...} on stdout when it listens.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=arguments.DefaultsHelpFormatter,
     )
     parser.add_argument("--host", default=DEFAULT_STORE_HOST,
                         help="interface to listen on; 0.0.0.0 exposes the store (no auth!) to the network")
@@ -52,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="TCP port; 0 picks a free one")
     parser.add_argument("--log-file", default=None, help="also write JSON-lines events here")
     parser.add_argument("--quiet", action="store_true", help="no terminal log (stdout ready line only)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the store server until SIGTERM or Ctrl-C; the process's exit code."""
+    args = build_parser().parse_args(argv)
     try:
         sock = bind_listen_socket(args.host, args.port)
     except PortInUse as exc:

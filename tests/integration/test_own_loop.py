@@ -144,3 +144,21 @@ def test_a_store_that_is_not_there_is_named_at_once_with_where_its_address_came_
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_sigterm_stops_every_rank_at_one_step_and_rank_0_saves_where_they_stood(
+    store_server: StoreServer, job_id: str, tmp_path: Path
+) -> None:
+    """SIGTERM to the launcher (a preemption notice): it passes the stop on, every rank leaves at the same step
+    boundary (call.should_stop), rank 0 writes the snapshot of that step, and the launcher exits 0. A loop that does
+    not look at should_stop trains on until the launcher's 30 s grace runs out and is killed (exit 143)."""
+    run = ScriptRun(tmp_path / "run", store_server.address, job_id, SCRIPT,
+                    ["100000", "100000", "--dataset-size", str(SIZE), "--sample-log", "samples"])
+    wait_until(lambda: len(read_samples(run.out / "samples")[0]) >= 20, 90, "ten steps on each rank")
+    os.kill(run.proc.pid, signal.SIGTERM)
+    run.wait(timeout=120)  # exit 0, or it fails with the launcher's output
+    (stopped,) = run.printed(r"stopped: snapshot saved at step (\d+)")
+    snapshot = torch.load(run.out / "snapshot.pt", weights_only=True)
+    assert snapshot["STEP"] == stopped[0], (snapshot["STEP"], stopped)
+    trained = {r["step"] for r in read_samples(run.out / "samples")[0]}
+    assert max(trained) == stopped[0] - 1, "a rank trained past the step the snapshot holds"
