@@ -1,7 +1,9 @@
-"""structlog, configured once: readable on a terminal, JSON lines into a run directory.
+"""ftcoord's events: readable on a terminal, JSON lines into a run directory.
 
 Events are an API: the chaos verifier and reports read the JSON lines. One event name
 per thing that happened (`generation_decided`, `member_declared_dead`), facts as keys.
+ftcoord writes through a structlog pipeline of its own: a library must not reconfigure its
+application's logging, so neither structlog's global configuration nor `logging` is touched.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +39,39 @@ def _write_json_line(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, A
     return event_dict
 
 
+@dataclass(frozen=True)
+class _Output:
+    """Where ftcoord's events go: its own structlog pipeline, never the process's global structlog configuration."""
+
+    processors: list[Any]
+    wrapper_class: type
+    logger: Any
+    configured: bool
+
+
+def _output(level: str, stream: TextIO | None, console: bool, configured: bool) -> _Output:
+    renderer: Any
+    if console:
+        out = stream or sys.stderr
+        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+    else:
+        renderer = structlog.processors.KeyValueRenderer()
+        out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    processors = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        _write_json_line,
+        structlog.processors.TimeStamper(fmt="%H:%M:%S.%f", key="time"),
+        renderer,
+    ]
+    wrapper_class = structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()])
+    return _Output(processors, wrapper_class, structlog.PrintLogger(out), configured)
+
+
+_current = _output("info", None, True, configured=False)  # until an entry point configures: the terminal, at info
+_version = 0  # bumped by configure(): loggers made before it resolve their output again
+
+
 def configure(
     log_file: Path | str | None = None,
     *,
@@ -43,7 +79,9 @@ def configure(
     stream: TextIO | None = None,
     console: bool = True,
 ) -> None:
-    """Set up structlog for this process.
+    """Set where ftcoord's events go in this process: called by ftcoord's own entry points (the launcher, the store,
+    `chaos`, `python -m training`, a Wrapper that its launcher gave a log directory). The application's own
+    structlog and logging configuration are left as they are.
 
     Args:
         log_file: where JSON lines go; its directory is created. None: terminal only.
@@ -51,7 +89,7 @@ def configure(
         stream: the terminal stream (stderr by default, so stdout stays machine-readable).
         console: False silences the terminal renderer (JSON file only).
     """
-    global _json_file
+    global _json_file, _current, _version
     with _lock:
         if _json_file is not None:
             _json_file.close()
@@ -60,34 +98,42 @@ def configure(
             path = Path(log_file)
             path.parent.mkdir(parents=True, exist_ok=True)
             _json_file = path.open("a", encoding="utf-8")
-    renderer: Any
-    if console:
-        out = stream or sys.stderr
-        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
-    else:
-        renderer = structlog.processors.KeyValueRenderer()
-        out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            _write_json_line,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S.%f", key="time"),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(out),
-        cache_logger_on_first_use=False,
-    )
+        _current = _output(level, stream, console, configured=True)
+        _version += 1
 
 
 def is_configured() -> bool:
-    """Whether this process configured structlog already (ours or the user's)."""
-    return structlog.is_configured()
+    """Whether an entry point of this process configured ftcoord's output already."""
+    return _current.configured
 
 
-def get_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:
+class Logger:
+    """A logger with facts bound to every event; it writes wherever ftcoord's output is configured when it writes
+    (an entry point may configure it after the logger was made)."""
+
+    __slots__ = ("_bound", "_resolved", "_version")
+
+    def __init__(self, bound: dict[str, Any]) -> None:
+        self._bound = bound
+        self._resolved: Any = None
+        self._version = -1
+
+    def bind(self, **more: Any) -> Logger:
+        """The same logger with more facts bound."""
+        return Logger({**self._bound, **more})
+
+    def _logger(self) -> Any:
+        if self._version != _version:
+            output = _current
+            self._resolved = structlog.wrap_logger(output.logger, processors=output.processors,
+                                                   wrapper_class=output.wrapper_class).bind(**self._bound)
+            self._version = _version
+        return self._resolved
+
+    def __getattr__(self, name: str) -> Any:  # debug, info, warning, error, exception, ...
+        return getattr(self._logger(), name)
+
+
+def get_logger(**bound: Any) -> Logger:
     """A logger with some facts bound to every event it writes."""
-    return structlog.get_logger().bind(**bound)
+    return Logger(bound)

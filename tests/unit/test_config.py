@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import logging
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-import structlog
-from structlog.testing import capture_logs
 
-from ftcoord import ConfigError, QuorumPolicy, Timing, Wrapper
+from ftcoord import ConfigError, QuorumPolicy, Timing, Wrapper, log
 
 
 def test_defaults_are_consistent() -> None:
@@ -60,7 +61,7 @@ def test_quorum_policy_refuses_inconsistent_sizes(kwargs: dict, message: str) ->
         QuorumPolicy(**kwargs)
 
 
-def test_the_default_progress_timeout_stays_below_the_collectives_timeout() -> None:
+def test_the_default_progress_timeout_stays_below_the_collectives_timeout(tmp_path: Path) -> None:
     """A stuck rank is fenced as the culprit before gloo times its peers out (Timing.progress_timeout_below): 40 s
     at the library's defaults, where both were 60 s; 12 heartbeat timeouts when that is shorter. One set by hand
     is kept, and one not below pg_timeout is warned about, with what to do."""
@@ -68,14 +69,37 @@ def test_the_default_progress_timeout_stays_below_the_collectives_timeout() -> N
     assert Timing(heartbeat_interval=0.2, heartbeat_timeout=2.0).progress_timeout_below(60.0) == 24.0
     assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1).progress_timeout == 40.0
     assert Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1, pg_timeout=9.0).progress_timeout == 6.0
-    saved = structlog.get_config()  # an earlier test may have kept warnings out (chaos run's level is "error")
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        with capture_logs() as logs:
-            kept = Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1,
-                           progress_timeout=90.0).progress_timeout
-    finally:
-        structlog.configure(**saved)
+    events = tmp_path / "events.jsonl"
+    log.configure(events, console=False)  # an earlier test may have kept warnings out (chaos run's level is "error")
+    kept = Wrapper(store="127.0.0.1:1", job_id="j", slot=0, world_size=1, progress_timeout=90.0).progress_timeout
     assert kept == 90.0
+    logs = [json.loads(line) for line in events.read_text().splitlines()]
     (warning,) = [e for e in logs if e["event"] == "progress_timeout_not_below_pg_timeout"]
     assert warning["pg_timeout"] == 60.0 and "below pg_timeout" in warning["what_to_do"], warning
+
+
+def test_ftcoord_leaves_the_applications_logging_as_it_was(tmp_path: Path) -> None:
+    """An application configured structlog and the standard logging its own way; ftcoord, used as a library and even
+    configured by its own entry point (as a Wrapper under a launcher configures its log directory), writes its events
+    through a pipeline of its own and changes neither: the application's events still go where it sent them."""
+    code = f"""
+import io, json, logging, structlog
+mine = io.StringIO()
+structlog.configure(processors=[structlog.processors.JSONRenderer()], logger_factory=structlog.PrintLoggerFactory(mine))
+logging.basicConfig(level=logging.WARNING)
+before = (structlog.get_config(), logging.getLogger().handlers[:], logging.getLogger().level)
+from ftcoord import log
+log.get_logger(component="x").info("ftcoord_default")
+log.configure({str(tmp_path / "ftcoord.jsonl")!r}, console=False)
+log.get_logger(component="x").info("ftcoord_event")
+structlog.get_logger().info("app_event")
+after = (structlog.get_config(), logging.getLogger().handlers[:], logging.getLogger().level)
+assert before == after, (before, after)
+assert [json.loads(line)["event"] for line in mine.getvalue().splitlines()] == ["app_event"], mine.getvalue()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+    events = [json.loads(line)["event"] for line in (tmp_path / "ftcoord.jsonl").read_text().splitlines()]
+    assert events == ["ftcoord_event"]
+    assert "ftcoord_default" in done.stderr, "before any configure, ftcoord's events go to stderr"
