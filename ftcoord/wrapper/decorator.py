@@ -38,6 +38,7 @@ from ftcoord.errors import (
     Superseded,
 )
 from ftcoord.host import stack_dump
+from ftcoord.host.process_title import rank_title, set_title
 from ftcoord.store.address import StoreAddress, check_job_id
 
 if TYPE_CHECKING:
@@ -253,6 +254,7 @@ class Wrapper:
         restarts, own_failures, step = 0, 0, -1
         leaving = True
         stack_dump.install(log_dir, participant.slot)  # a fence's SIGKILL is preceded by a dump of every stack
+        set_title(rank_title(participant.job_id, participant.slot))
         try:
             while True:
                 try:

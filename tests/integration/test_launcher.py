@@ -724,3 +724,21 @@ def test_two_launchers_under_srun_form_one_job_from_slurms_variables(store_serve
         run.assert_correct(40)
     (launched,) = runs[1].logs("launcher_started")
     assert launched["slots"] == [2, 3], launched
+
+
+def test_each_rank_is_titled_with_its_job_and_slot(store_server: StoreServer, job_id: str, tmp_path: Path) -> None:
+    """Every rank is forked from the same warm standby, with its command line; `ps` tells them apart by the title
+    each sets: its job, its slot, then the command it runs."""
+    proc = launch(tmp_path, store_server.address, job_id, "--steps", "100000", nproc=2)
+    try:
+        run = AllreduceRun(tmp_path)
+        started = wait_until(lambda: {e["slot"]: e["pid"] for e in run.events("generation")} if len(
+            {e["slot"] for e in run.events("generation")}) == 2 else None, 60, "both ranks in a generation")
+        for slot, pid in started.items():
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            assert title.startswith(f"ftcoord {job_id} slot {slot}: python") and JOB_MODULE in title, title
+        os.kill(proc.pid, signal.SIGTERM)
+        code, said = finish(proc)
+        assert code == 0, said[-3000:]
+    finally:
+        proc.kill()
