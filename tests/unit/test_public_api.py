@@ -155,3 +155,16 @@ def test_every_console_script_names_a_callable_entry_point() -> None:
     for name, target in scripts.items():
         module, _, attribute = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attribute)), f"{name} = {target}"
+
+
+def test_the_api_page_is_what_the_docstrings_say_now() -> None:
+    """docs/api.md is generated from the docstrings (scripts/api-doc): a change to the public API or its
+    documentation without the page regenerated fails here, with the command to run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "api-doc")], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (ROOT / "docs" / "api.md").read_text(), \
+        "docs/api.md is stale: run `.venv/bin/python scripts/api-doc > docs/api.md`"
