@@ -103,11 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _topology(args: argparse.Namespace) -> tuple[int, int]:
-    """(first slot, target world size) from --nnodes, --node-rank, --first-slot and --world-size, or SLURM's step:
-    the values given must agree with each other."""
+    """(first slot, target world size) from --nnodes, --node-rank, --first-slot and --world-size, or SLURM's step
+    when this node's place is not given (no --node-rank, no --first-slot or --world-size): the values given must agree
+    with each other."""
     nodes, node = args.nnodes, args.node_rank
-    if nodes is None and node is None:
-        nodes, node = env.slurm_nodes() or (None, None)
+    laid_out = args.first_slot is not None or args.world_size is not None  # by hand: SLURM's variables say nothing
+    if node is None and not laid_out:
+        slurm = env.slurm_nodes()
+        if slurm is not None and nodes in (None, slurm[0]):
+            nodes, node = slurm
     if node is not None and nodes is None:
         raise ConfigError(f"--node-rank {node} needs --nnodes: how many nodes the job runs on")
     nodes = 1 if nodes is None else nodes
