@@ -157,10 +157,12 @@ def slurm_nodes() -> tuple[int, int] | None:
     """
     if not os.environ.get(SLURM_JOB_ID_ENV) or not os.environ.get(SLURM_NODEID_ENV):
         return None
+    if not os.environ.get(SLURM_STEP_NUM_NODES_ENV):  # the batch script itself, not an srun step: one node
+        return None
     names = (SLURM_STEP_NUM_NODES_ENV, SLURM_NNODES_ENV, SLURM_NODEID_ENV, SLURM_STEP_NUM_TASKS_ENV)
     raw = {name: os.environ.get(name, "") for name in names}
     try:
-        nodes = int(raw[SLURM_STEP_NUM_NODES_ENV] or raw[SLURM_NNODES_ENV])
+        nodes = int(raw[SLURM_STEP_NUM_NODES_ENV])
         index = int(raw[SLURM_NODEID_ENV])
         tasks = int(raw[SLURM_STEP_NUM_TASKS_ENV] or nodes)
     except ValueError:

@@ -34,8 +34,9 @@ def _write_json_line(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, A
         record = {"ts": time.time(), "mono": time.monotonic(), "pid": os.getpid(), **event_dict}
         line = json.dumps(record, default=str, separators=(",", ":"))
         with _lock:
-            _json_file.write(line + "\n")
-            _json_file.flush()
+            if _json_file is not None:  # configure() may have closed it meanwhile
+                _json_file.write(line + "\n")
+                _json_file.flush()
     return event_dict
 
 
@@ -68,8 +69,21 @@ def _output(level: str, stream: TextIO | None, console: bool, configured: bool) 
     return _Output(processors, wrapper_class, structlog.PrintLogger(out), configured)
 
 
-_current = _output("info", None, True, configured=False)  # until an entry point configures: the terminal, at info
-_version = 0  # bumped by configure(): loggers made before it resolve their output again
+_state: tuple[int, _Output | None] = (0, None)
+"""(version, output): configure() sets a new output with the next version, and loggers made before resolve theirs
+again; None until first needed (the terminal at info, on stderr as it is then)."""
+
+
+def _current() -> tuple[int, _Output]:
+    global _state
+    version, output = _state
+    if output is None:
+        output = _output("info", None, True, configured=False)
+        with _lock:
+            if _state[0] == version and _state[1] is None:
+                _state = (version, output)
+            version, output = _state  # type: ignore[assignment]
+    return version, output  # type: ignore[return-value]
 
 
 def configure(
@@ -89,7 +103,8 @@ def configure(
         stream: the terminal stream (stderr by default, so stdout stays machine-readable).
         console: False silences the terminal renderer (JSON file only).
     """
-    global _json_file, _current, _version
+    global _json_file, _state
+    output = _output(level, stream, console, configured=True)
     with _lock:
         if _json_file is not None:
             _json_file.close()
@@ -98,13 +113,13 @@ def configure(
             path = Path(log_file)
             path.parent.mkdir(parents=True, exist_ok=True)
             _json_file = path.open("a", encoding="utf-8")
-        _current = _output(level, stream, console, configured=True)
-        _version += 1
+        _state = (_state[0] + 1, output)
 
 
 def is_configured() -> bool:
     """Whether an entry point of this process configured ftcoord's output already."""
-    return _current.configured
+    output = _state[1]
+    return output is not None and output.configured
 
 
 class Logger:
@@ -123,15 +138,23 @@ class Logger:
         return Logger({**self._bound, **more})
 
     def _logger(self) -> Any:
-        if self._version != _version:
-            output = _current
+        version, output = _current()
+        if self._version != version:
             self._resolved = structlog.wrap_logger(output.logger, processors=output.processors,
                                                    wrapper_class=output.wrapper_class).bind(**self._bound)
-            self._version = _version
+            self._version = version
         return self._resolved
 
     def __getattr__(self, name: str) -> Any:  # debug, info, warning, error, exception, ...
+        if name.startswith("_"):  # copy and pickle look for hooks before __init__ ran: none here
+            raise AttributeError(name)
         return getattr(self._logger(), name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"bound": self._bound}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["bound"])  # type: ignore[misc]
 
 
 def get_logger(**bound: Any) -> Logger:

@@ -43,13 +43,10 @@ def job_env(config: LaunchConfig) -> dict[str, str]:
     if config.log_dir:
         values[env.LOG_DIR_ENV] = config.log_dir
     # As torchrun sets them at start, for scripts that read them; after a change of generation the truth is
-    # call.rank and call.world_size. MASTER_ADDR:MASTER_PORT is the job's store, which a process group of the
-    # script's own must not be created on: call.init_process_group() makes the generation's.
+    # call.rank and call.world_size. No MASTER_ADDR/MASTER_PORT: a process group of the script's own over env://
+    # would fail at once rather than be created on the job's store (call.init_process_group() makes the group).
     values[env.TORCHRUN_WORLD_SIZE_ENV] = str(config.target_world_size)
     values[env.TORCHRUN_LOCAL_WORLD_SIZE_ENV] = str(config.nproc)
-    host, _, port = config.store.rpartition(":")
-    if host and port:
-        values[env.TORCHRUN_MASTER_ADDR_ENV], values[env.TORCHRUN_MASTER_PORT_ENV] = host.strip("[]"), port
     return values
 
 

@@ -42,14 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = arguments.Parser(
         prog="ftcoord-launch",
         description="Start this node's training processes under ftcoord and restart them through faults. "
-        "torchrun's flags work: --nnodes, --node-rank, --nproc-per-node, --max-restarts.",
+        "It takes torchrun's --nnodes, --node-rank, --nproc-per-node and --max-restarts (a fixed number of nodes).",
         epilog="Exit codes: 0 the job finished (or stopped cleanly after SIGTERM); 1 a failure; 2 bad "
         "arguments; 3 a slot (or the job) exhausted --max-restarts; 75 the store stayed unreachable past "
         "--store-timeout (every process wrote its emergency checkpoint first: restart the store, relaunch, and the "
         "job resumes from it); 143 children had to be killed after the grace period. Children get FTCOORD_STORE, "
         "FTCOORD_JOB_ID, FTCOORD_SLOT, FTCOORD_WORLD_SIZE, and as torchrun sets them at start LOCAL_RANK, "
-        "LOCAL_WORLD_SIZE, RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the store); after a change of generation "
-        "call.rank and call.world_size are the truth. Under srun (one task per node) --nnodes and --node-rank come "
+        "LOCAL_WORLD_SIZE, RANK and WORLD_SIZE; after a change of generation call.rank and call.world_size are the "
+        "truth. MASTER_ADDR and MASTER_PORT are not set: the process group is the generation's, made by "
+        "call.init_process_group(). Under srun (one task per node) --nnodes and --node-rank come "
         f"from SLURM, and the job id from SLURM_JOB_ID. Spare slots are numbered from {SPARE_SLOT_BASE} + "
         f"--first-slot * {MAX_SPARES}.",
         formatter_class=arguments.DefaultsHelpFormatter,
@@ -65,12 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-id", default=None,
                         help=f"names the job; its keys live under ftcoord/<job-id>/ (default: ${JOB_ID_ENV}, else "
                         f"${SLURM_JOB_ID_ENV}, else {DEFAULT_JOB_ID!r} with --embedded-store; needed with --store)")
-    parser.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=arguments.positive_int,
+    parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=arguments.positive_int,
                         default=DEFAULTS["nproc"], help="training processes on this node")
     parser.add_argument("--nnodes", type=arguments.positive_int, default=None,
                         help="nodes of the job, each running one ftcoord-launch with the same --nproc-per-node "
                         "(default: SLURM's step, else 1)")
-    parser.add_argument("--node-rank", type=arguments.non_negative_int, default=None,
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=arguments.non_negative_int, default=None,
                         help="this node's index, 0 to --nnodes - 1 (default: SLURM's, else 0)")
     parser.add_argument("--spares", type=arguments.int_range(0, MAX_SPARES - 1), default=DEFAULTS["spares"],
                         help="hot spare processes on this node")
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--restart-policy", choices=("slot", "job"), default=DEFAULTS["restart_policy"],
                         help="slot: restart only the dead process; job: restart every process of the job, on every "
                              "node (the classic baseline)")
-    parser.add_argument("--warm-standby", type=arguments.int_range(0, 1), default=DEFAULTS["warm_standby"],
+    parser.add_argument("--warm-standby", type=arguments.non_negative_int, default=DEFAULTS["warm_standby"],
                         help="1: keep a template process with torch (and the command's module) imported that forks "
                              "each slot's process in milliseconds; 0: start every process as a new interpreter")
     parser.add_argument("--grace", type=arguments.non_negative_float, default=DEFAULTS["grace_s"],
@@ -103,23 +104,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _topology(args: argparse.Namespace) -> tuple[int, int]:
-    """(first slot, target world size) from --nnodes, --node-rank, --first-slot and --world-size, or SLURM's step
-    when this node's place is not given (no --node-rank, no --first-slot or --world-size): the values given must agree
-    with each other."""
+    """(first slot, target world size) from --nnodes, --node-rank, --first-slot and --world-size, or from SLURM's
+    step when this node's place is not given (no --node-rank, no --first-slot, no --embedded-store): the values
+    given must agree with each other."""
     nodes, node = args.nnodes, args.node_rank
-    laid_out = args.first_slot is not None or args.world_size is not None  # by hand: SLURM's variables say nothing
-    if node is None and not laid_out:
+    if node is None and args.first_slot is None and not args.embedded_store:
         slurm = env.slurm_nodes()
         if slurm is not None and nodes in (None, slurm[0]):
             nodes, node = slurm
     if node is not None and nodes is None:
         raise ConfigError(f"--node-rank {node} needs --nnodes: how many nodes the job runs on")
+    if node is None and args.first_slot is None and nodes is not None and nodes > 1:
+        raise ConfigError(f"--nnodes {nodes}: which node is this one? give --node-rank (0 to {nodes - 1}), or run "
+                          f"under srun, which says")
     nodes = 1 if nodes is None else nodes
     node = 0 if node is None else node
     if node >= nodes:
         raise ConfigError(f"--node-rank {node} is not a node of --nnodes {nodes}: node ranks run from 0 to {nodes - 1}")
     first = node * args.nproc if args.first_slot is None else args.first_slot
-    if args.first_slot is not None and (args.nnodes is not None or node > 0) and first != node * args.nproc:
+    if args.first_slot is not None and args.node_rank is not None and first != node * args.nproc:
         raise ConfigError(f"--first-slot {first} disagrees with node {node} of {nodes} with {args.nproc} processes "
                           f"each (slot {node * args.nproc}): give --node-rank or --first-slot, not both")
     world = nodes * args.nproc if args.world_size is None else args.world_size

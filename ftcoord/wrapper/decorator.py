@@ -254,7 +254,8 @@ class Wrapper:
         restarts, own_failures, step = 0, 0, -1
         leaving = True
         stack_dump.install(log_dir, participant.slot)  # a fence's SIGKILL is preceded by a dump of every stack
-        set_title(rank_title(participant.job_id, participant.slot))
+        if env.launched():  # a launcher's ranks share its standby's command line; a process of the user's keeps its own
+            set_title(rank_title(participant.job_id, participant.slot))
         try:
             while True:
                 try:

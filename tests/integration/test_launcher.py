@@ -691,7 +691,8 @@ def test_two_launchers_under_srun_form_one_job_from_slurms_variables(store_serve
     """What `srun --ntasks-per-node=1 ftcoord-launch --nproc-per-node 2 -- ...` gives each node's launcher: the job
     id (SLURM_JOB_ID), the step's nodes and this node's index. No --job-id, --store (FTCOORD_STORE), --first-slot or
     --world-size: two launchers form one job of world size 4, and each child reads RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun would set them."""
+    and LOCAL_WORLD_SIZE as torchrun would set them (MASTER_ADDR and MASTER_PORT are not set: no process group of the
+    script's own)."""
     slurm_job = re.sub(r"[^A-Za-z0-9._-]", "-", job_id)
     procs = []
     for node in (0, 1):
@@ -699,7 +700,8 @@ def test_two_launchers_under_srun_form_one_job_from_slurms_variables(store_serve
                "FTCOORD_STORE": store_server.address, "SLURM_JOB_ID": slurm_job, "SLURM_NNODES": "2",
                "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": str(node),
                "SLURM_PROCID": str(node)}
-        env.pop("FTCOORD_JOB_ID", None)
+        for name in ("FTCOORD_JOB_ID", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name, None)
         out = tmp_path / f"node{node}"
         command = [sys.executable, "-m", "ftcoord.launcher.main", "--nproc-per-node", "2", "--log-dir",
                    str(out / "logs"), "--", sys.executable, "-m", JOB_MODULE, "--out", str(out), "--steps", "40"]
@@ -713,13 +715,12 @@ def test_two_launchers_under_srun_form_one_job_from_slurms_variables(store_serve
     for code, said in results:
         assert code == 0, said[-3000:]
     runs = [AllreduceRun(tmp_path / f"node{node}") for node in (0, 1)]
-    host, _, port = store_server.address.rpartition(":")
     for node, run in enumerate(runs):
         started = {e["slot"]: e["env"] for e in run.events("started")}
         assert sorted(started) == [2 * node, 2 * node + 1], started
         for slot, seen in started.items():
             assert seen == {"RANK": str(slot), "WORLD_SIZE": "4", "LOCAL_RANK": str(slot - 2 * node),
-                            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": host, "MASTER_PORT": port}, seen
+                            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": None, "MASTER_PORT": None}, seen
         assert {e["world_size"] for e in run.events("generation")} == {4}
         run.assert_correct(40)
     (launched,) = runs[1].logs("launcher_started")

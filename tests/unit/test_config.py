@@ -103,3 +103,18 @@ print("ok")
     events = [json.loads(line)["event"] for line in (tmp_path / "ftcoord.jsonl").read_text().splitlines()]
     assert events == ["ftcoord_event"]
     assert "ftcoord_default" in done.stderr, "before any configure, ftcoord's events go to stderr"
+
+
+def test_a_logger_survives_copy_and_pickle_and_follows_a_later_configure(tmp_path: Path) -> None:
+    """Objects that hold a logger may be copied or pickled (a checkpoint strategy, a CallWrapper); a logger made
+    before an entry point configures ftcoord's output writes where that configure says."""
+    import copy
+    import pickle
+
+    logger = log.get_logger(component="t")
+    copies = [copy.copy(logger), copy.deepcopy(logger), pickle.loads(pickle.dumps(logger))]
+    events = tmp_path / "events.jsonl"
+    log.configure(events, console=False)
+    for i, each in enumerate([logger, *copies]):
+        each.info("written", copy=i)
+    assert [json.loads(line)["copy"] for line in events.read_text().splitlines()] == [0, 1, 2, 3]
