@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 PROGRESS = r"step (\d+): loss"
-STARTS = r"generation (\d+): rank (\d+) of (\d+) starts at step (\d+)"
+STARTS = r"generation (\d+): rank (\d+) of (\d+) \(pid \d+\) starts at step (\d+)"
 
 
 def test_quickstart_survives_the_death_of_rank_0_with_nothing_lost(
