@@ -84,9 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--restart-policy", choices=("slot", "job"), default=DEFAULTS["restart_policy"],
                         help="slot: restart only the dead process; job: restart every process of the job, on every "
                              "node (the classic baseline)")
-    parser.add_argument("--warm-standby", type=arguments.non_negative_int, default=DEFAULTS["warm_standby"],
-                        help="1: keep a template process with torch (and the command's module) imported that forks "
-                             "each slot's process in milliseconds; 0: start every process as a new interpreter")
+    standby = parser.add_mutually_exclusive_group()
+    standby.add_argument("--warm-standby", type=arguments.non_negative_int, default=DEFAULTS["warm_standby"],
+                         help="1: keep a template process with torch (and the command's module) imported that forks "
+                              "each slot's process in milliseconds; 0: start every process as a new interpreter")
+    standby.add_argument("--no-warm-standby", dest="warm_standby", action="store_const", const=0,
+                         help="the same as --warm-standby 0")
     parser.add_argument("--grace", type=arguments.non_negative_float, default=DEFAULTS["grace_s"],
                         help="seconds children get after SIGTERM before SIGKILL")
     parser.add_argument("--store-timeout", type=arguments.positive_float, default=None,

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "observation (a one-shot read watches for two heartbeat intervals first); steps, restarts and "
         "incidents are what the job's processes and launchers publish.")
     status.add_argument("--store", default=env.store_from_env(), help="HOST:PORT of the store ($FTCOORD_STORE)")
-    status.add_argument("--job", default=None, help="the job to show (needed when the store has several)")
+    status.add_argument("--job", "--job-id", dest="job", default=None,
+                        help="the job to show (needed when the store has several)")
     status.add_argument("--watch", action="store_true", help="redraw live until Ctrl-C")
     status.add_argument("--json", action="store_true", help="print one JSON object and exit")
     status.add_argument("--refresh", type=arguments.positive_float, default=0.5, help="seconds between redraws")

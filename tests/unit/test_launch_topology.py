@@ -56,3 +56,11 @@ def test_spares_follow_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     _, slots, _ = _layout("--job-id", "j", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
                           "--spares", "1")
     assert slots == [2, 3, 100_000 + 2 * 1000]
+
+
+def test_the_warm_standby_is_a_switch_too() -> None:
+    config, _ = parse_config(["--store", "127.0.0.1:29600", "--job-id", "j", "--no-warm-standby", "--", "python", "-c",
+                              "pass"])
+    assert config.warm_standby == 0
+    config, _ = parse_config(["--store", "127.0.0.1:29600", "--job-id", "j", "--", "python", "-c", "pass"])
+    assert config.warm_standby == 1
