@@ -2,8 +2,10 @@
 
 Events are an API: the chaos verifier and reports read the JSON lines. One event name
 per thing that happened (`generation_decided`, `member_declared_dead`), facts as keys.
-ftcoord writes through a structlog pipeline of its own: a library must not reconfigure its
-application's logging, so neither structlog's global configuration nor `logging` is touched.
+Used as a library, ftcoord logs through the standard loggers `ftcoord.<component>`, and the
+application's logging setup decides what shows. Only ftcoord's own entry points call
+`configure`, which gives ftcoord a terminal renderer of its own; neither structlog's global
+configuration nor a handler of `logging` is ever installed.
 """
 
 from __future__ import annotations
@@ -40,17 +42,59 @@ def _write_json_line(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, A
     return event_dict
 
 
+LOGGER_PREFIX = "ftcoord"
+"""Standard loggers are named `ftcoord.<component>` (`ftcoord.leader`, `ftcoord.wrapper`, ...)."""
+
+
+_LEVELS = {**logging.getLevelNamesMapping(), "WARN": logging.WARNING, "EXCEPTION": logging.ERROR, "MSG": logging.INFO}
+
+
+def _skip_if_disabled(logger: logging.Logger, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop an event the standard logger would not emit, unless a JSON-lines file wants every event."""
+    if _json_file is None and not logger.isEnabledFor(_LEVELS.get(method.upper(), logging.INFO)):
+        raise structlog.DropEvent
+    return event_dict
+
+
+_facts = structlog.processors.KeyValueRenderer(sort_keys=False)
+
+
+def _message(_: Any, __: str, event_dict: dict[str, Any]) -> tuple[tuple[str], dict[str, Any]]:
+    """`event key=value ...` for a standard record, which carries the level, the time and a traceback itself."""
+    event_dict.pop("level", None)
+    event_dict.pop("component", None)  # the logger's name
+    exc_info = event_dict.pop("exc_info", None)
+    event = event_dict.pop("event", "")
+    facts = _facts(_, __, event_dict)
+    return (f"{event} {facts}" if facts else str(event),), ({"exc_info": exc_info} if exc_info else {})
+
+
 @dataclass(frozen=True)
 class _Output:
-    """Where ftcoord's events go: its own structlog pipeline, never the process's global structlog configuration."""
+    """Where ftcoord's events go: its own structlog pipeline, never the process's global structlog configuration.
+    `print_to` None: through the standard logger `ftcoord.<component>` of each event."""
 
     processors: list[Any]
     wrapper_class: type
-    logger: Any
+    print_to: Any
     configured: bool
 
+    def logger_for(self, bound: dict[str, Any]) -> Any:
+        if self.print_to is not None:
+            return self.print_to
+        return logging.getLogger(f"{LOGGER_PREFIX}.{bound.get('component', 'events')}")
 
-def _output(level: str, stream: TextIO | None, console: bool, configured: bool) -> _Output:
+
+def _output(level: str, stream: TextIO | None, console: bool, configured: bool, through_logging: bool) -> _Output:
+    if through_logging:
+        processors = [
+            structlog.contextvars.merge_contextvars,
+            _skip_if_disabled,
+            structlog.processors.add_log_level,
+            _write_json_line,
+            _message,
+        ]
+        return _Output(processors, structlog.stdlib.BoundLogger, None, configured)
     renderer: Any
     if console:
         out = stream or sys.stderr
@@ -71,14 +115,14 @@ def _output(level: str, stream: TextIO | None, console: bool, configured: bool) 
 
 _state: tuple[int, _Output | None] = (0, None)
 """(version, output): configure() sets a new output with the next version, and loggers made before resolve theirs
-again; None until first needed (the terminal at info, on stderr as it is then)."""
+again; None until first needed (then the standard loggers)."""
 
 
 def _current() -> tuple[int, _Output]:
     global _state
     version, output = _state
     if output is None:
-        output = _output("info", None, True, configured=False)
+        output = _output("info", None, True, configured=False, through_logging=True)
         with _lock:
             if _state[0] == version and _state[1] is None:
                 _state = (version, output)
@@ -92,19 +136,22 @@ def configure(
     level: str = "info",
     stream: TextIO | None = None,
     console: bool = True,
+    through_logging: bool = False,
 ) -> None:
     """Set where ftcoord's events go in this process: called by ftcoord's own entry points (the launcher, the store,
-    `chaos`, `python -m training`, a Wrapper that its launcher gave a log directory). The application's own
-    structlog and logging configuration are left as they are.
+    `chaos`, `python -m training`, a rank under its launcher). The application's own structlog and logging
+    configuration are left as they are.
 
     Args:
-        log_file: where JSON lines go; its directory is created. None: terminal only.
-        level: the lowest level shown ("debug", "info", "warning", "error").
+        log_file: where JSON lines go (every event, whatever the level); its directory is created. None: no file.
+        level: the lowest level shown on the terminal ("debug", "info", "warning", "error").
         stream: the terminal stream (stderr by default, so stdout stays machine-readable).
         console: False silences the terminal renderer (JSON file only).
+        through_logging: the terminal stays the application's: events go to the standard loggers
+            `ftcoord.<component>` (level, stream and console are then the application's logging's to decide).
     """
     global _json_file, _state
-    output = _output(level, stream, console, configured=True)
+    output = _output(level, stream, console, configured=not through_logging, through_logging=through_logging)
     with _lock:
         if _json_file is not None:
             _json_file.close()
@@ -117,7 +164,7 @@ def configure(
 
 
 def is_configured() -> bool:
-    """Whether an entry point of this process configured ftcoord's output already."""
+    """Whether an entry point of this process gave ftcoord's events a terminal renderer of its own."""
     output = _state[1]
     return output is not None and output.configured
 
@@ -140,7 +187,7 @@ class Logger:
     def _logger(self) -> Any:
         version, output = _current()
         if self._version != version:
-            self._resolved = structlog.wrap_logger(output.logger, processors=output.processors,
+            self._resolved = structlog.wrap_logger(output.logger_for(self._bound), processors=output.processors,
                                                    wrapper_class=output.wrapper_class).bind(**self._bound)
             self._version = version
         return self._resolved

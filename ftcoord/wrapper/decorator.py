@@ -121,7 +121,8 @@ class Wrapper:
             fails; also bounds the wait for every member at the rendezvous. Default 60.0
             (DEFAULT_PG_TIMEOUT_S).
         log_dir: directory for this process's JSON-lines log, `slot<S>-<pid>.jsonl`. None:
-            $FTCOORD_LOG_DIR (set by `ftcoord-launch --log-dir`), else the terminal only.
+            $FTCOORD_LOG_DIR (set by `ftcoord-launch --log-dir`), else none. Outside ftcoord-launch,
+            events also go to the standard loggers `ftcoord.<component>` (your logging setup decides).
         handle_sigterm: install a SIGTERM handler while the function runs (main thread only) that
             asks the whole job to stop at a step boundary (`call.should_stop`). Default True.
 
@@ -243,10 +244,7 @@ class Wrapper:
         env.die_with_launcher()
         log_dir = self.log_dir or os.environ.get(env.LOG_DIR_ENV)
         participant = self._participant()
-        if log_dir:
-            log.configure(Path(log_dir) / f"slot{participant.slot}-{os.getpid()}.jsonl")
-        elif not log.is_configured():
-            log.configure(None)
+        route_events(log_dir, participant.slot)
         self._start(participant)
         logger = log.get_logger(component="wrapper", slot=participant.slot, incarnation=participant.incarnation)
         restore_signal = self._install_sigterm(participant)
@@ -360,3 +358,18 @@ class Wrapper:
 
         previous = signal.signal(signal.SIGTERM, on_sigterm)
         return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def route_events(log_dir: str | Path | None, slot: int) -> None:
+    """Where a rank's events go. Under its launcher a rank is ftcoord's own process, with ftcoord's terminal; in a
+    process of the user's the terminal stays the application's logging's, and a log directory adds the JSON lines.
+
+    Args:
+        log_dir: the directory for `slot<S>-<pid>.jsonl`, or None for no file.
+        slot: this rank's slot.
+    """
+    own_terminal = env.launched() or log.is_configured()
+    if log_dir:
+        log.configure(Path(log_dir) / f"slot{slot}-{os.getpid()}.jsonl", through_logging=not own_terminal)
+    elif own_terminal and not log.is_configured():
+        log.configure(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,29 +81,48 @@ def test_the_default_progress_timeout_stays_below_the_collectives_timeout(tmp_pa
 
 def test_ftcoord_leaves_the_applications_logging_as_it_was(tmp_path: Path) -> None:
     """An application configured structlog and the standard logging its own way; ftcoord, used as a library and even
-    configured by its own entry point (as a Wrapper under a launcher configures its log directory), writes its events
-    through a pipeline of its own and changes neither: the application's events still go where it sent them."""
+    configured by its own entry point (as a Wrapper under a launcher configures its log directory), changes neither:
+    the application's events still go where it sent them, and a library's events reach the application's handlers
+    through the standard loggers `ftcoord.<component>`, at the levels the application chose."""
     code = f"""
 import io, json, logging, structlog
 mine = io.StringIO()
 structlog.configure(processors=[structlog.processors.JSONRenderer()], logger_factory=structlog.PrintLoggerFactory(mine))
-logging.basicConfig(level=logging.WARNING)
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append((record.name, record.levelname, record.getMessage()))
+logging.basicConfig(level=logging.INFO, handlers=[Keep()])
+logging.getLogger("ftcoord.quiet").setLevel(logging.WARNING)
 before = (structlog.get_config(), logging.getLogger().handlers[:], logging.getLogger().level)
 from ftcoord import log
-log.get_logger(component="x").info("ftcoord_default")
+log.get_logger(component="x", slot=2).info("ftcoord_default", n=1)
+log.get_logger(component="quiet").info("below_the_applications_level")
 log.configure({str(tmp_path / "ftcoord.jsonl")!r}, console=False)
 log.get_logger(component="x").info("ftcoord_event")
 structlog.get_logger().info("app_event")
 after = (structlog.get_config(), logging.getLogger().handlers[:], logging.getLogger().level)
 assert before == after, (before, after)
 assert [json.loads(line)["event"] for line in mine.getvalue().splitlines()] == ["app_event"], mine.getvalue()
+assert records == [("ftcoord.x", "INFO", "ftcoord_default slot=2 n=1")], records
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
     events = [json.loads(line)["event"] for line in (tmp_path / "ftcoord.jsonl").read_text().splitlines()]
     assert events == ["ftcoord_event"]
-    assert "ftcoord_default" in done.stderr, "before any configure, ftcoord's events go to stderr"
+
+
+def test_with_no_logging_setup_a_library_shows_warnings_only() -> None:
+    """Python's own default for a library: with no handler anywhere, warnings reach stderr and info stays quiet."""
+    code = """
+from ftcoord import log
+log.get_logger(component="x").info("an_info")
+log.get_logger(component="x").warning("a_warning", what_to_do="read it")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "a_warning what_to_do='read it'", done.stderr
 
 
 def test_a_logger_survives_copy_and_pickle_and_follows_a_later_configure(tmp_path: Path) -> None:
@@ -118,3 +138,33 @@ def test_a_logger_survives_copy_and_pickle_and_follows_a_later_configure(tmp_pat
     for i, each in enumerate([logger, *copies]):
         each.info("written", copy=i)
     assert [json.loads(line)["copy"] for line in events.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("launched", [False, True])
+def test_a_rank_keeps_the_applications_terminal_unless_its_launcher_started_it(tmp_path: Path, launched: bool) -> None:
+    """A Wrapper in the user's own process leaves the terminal to the application's logging (the log directory still
+    gets every event); under ftcoord-launch the rank is ftcoord's process and renders its own terminal."""
+    code = f"""
+import json, logging, pathlib
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.basicConfig(level=logging.INFO, handlers=[Keep()])
+from ftcoord import log
+from ftcoord.wrapper.decorator import route_events
+route_events({str(tmp_path)!r}, 3)
+log.get_logger(component="wrapper").info("rank_event")
+(events,) = pathlib.Path({str(tmp_path)!r}).glob("slot3-*.jsonl")
+assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["rank_event"]
+print(log.is_configured(), records)
+"""
+    environ = {k: v for k, v in os.environ.items() if k != "FTCOORD_LAUNCHER_PID"}
+    if launched:
+        environ["FTCOORD_LAUNCHER_PID"] = str(os.getpid())
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ)
+    assert done.returncode == 0, done.stderr
+    if launched:
+        assert done.stdout.strip() == "True []" and "rank_event" in done.stderr, done.stdout + done.stderr
+    else:
+        assert done.stdout.strip() == "False ['rank_event']" and done.stderr == "", done.stdout + done.stderr
