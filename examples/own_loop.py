@@ -1,10 +1,13 @@
 """Your own DDP loop under ftcoord: the PyTorch DDP tutorial's Trainer, made to survive any rank's death.
 
 The shape is pytorch/examples' `distributed/ddp-tutorial-series/multigpu_torchrun.py` (a Trainer with
-_run_batch / _run_epoch / train, a DataLoader, rank 0 saving an epoch snapshot), on CPU. The lines
-ftcoord adds are marked `# ftcoord`:
+_run_batch / _run_epoch / train, a DataLoader, rank 0 saving an epoch snapshot). The lines ftcoord
+adds are marked `# ftcoord`:
 
-    ftcoord-launch --embedded-store --job-id own-loop --nproc 2 -- python examples/own_loop.py 20 5
+    ftcoord-launch --embedded-store --job-id own-loop --nproc-per-node 2 -- python examples/own_loop.py 20 5
+
+`--device cuda` trains on cuda:$LOCAL_RANK over NCCL (written to torch's API, not yet run on a GPU
+here); the default is the CPU over gloo.
 
 Kill any process (kill -9 PID), rank 0's included: the survivor keeps its live state, the
 replacement is healed from it (model, optimizer *and* data position), and the epoch goes on at the
@@ -43,8 +46,9 @@ class MyTrainDataset(Dataset):
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, dataset: Dataset, optimizer: torch.optim.Optimizer, batch_size: int,
-                 save_every: int, snapshot_path: Path, sample_log: str | None) -> None:
+                 save_every: int, snapshot_path: Path, sample_log: str | None, device: torch.device) -> None:
         self.model, self.optimizer, self.save_every, self.snapshot_path = model, optimizer, save_every, snapshot_path
+        self.device = device
         self.sampler = ElasticBatchSampler(len(dataset), batch_size)  # ftcoord: a data position that heals
         self.train_data = DataLoader(dataset, batch_sampler=self.sampler)
         self.step = 0  # ftcoord: steps committed (what call.heal compares)
@@ -54,7 +58,7 @@ class Trainer:
             self._load_snapshot()
 
     def _load_snapshot(self) -> None:
-        snapshot = torch.load(self.snapshot_path, weights_only=True)
+        snapshot = torch.load(self.snapshot_path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
         self.sampler.load_state_dict(snapshot["DATA_STATE"])
@@ -70,7 +74,7 @@ class Trainer:
 
     def _run_batch(self, ddp: DDP, source: torch.Tensor, targets: torch.Tensor) -> None:
         self.optimizer.zero_grad()
-        loss = F.mse_loss(ddp(source), targets)
+        loss = F.mse_loss(ddp(source.to(self.device)), targets.to(self.device))
         loss.backward()
         self.optimizer.step()
 
@@ -90,12 +94,12 @@ class Trainer:
         return True
 
     def train(self, call: CallWrapper, max_epochs: int) -> None:
-        call.init_process_group()  # ftcoord: this generation's group
+        call.init_process_group("nccl" if self.device.type == "cuda" else "gloo")  # ftcoord: this generation's group
         # ftcoord: the member that trained furthest hands model, optimizer and data position to the others.
         self.step = call.heal({"model": self.model, "optimizer": self.optimizer, "data": self.sampler}, step=self.step)
         print(f"generation {call.iteration}: rank {call.rank} of {call.world_size} at epoch {self.sampler.epoch}, "
               f"sample {self.sampler.consumed} of {self.sampler.size} (step {self.step})", flush=True)
-        ddp = DDP(self.model)
+        ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         for epoch in range(self.sampler.epoch, max_epochs):
             if not self._run_epoch(call, ddp, epoch):
                 if call.rank == 0:  # the position mid-epoch is in the snapshot: a relaunch resumes there
@@ -128,13 +132,19 @@ def main() -> None:
     parser.add_argument("--snapshot", type=Path, default=Path("snapshot.pt"), help="default: snapshot.pt")
     parser.add_argument("--save", metavar="PATH", help="rank 0 writes the final model's state_dict here")
     parser.add_argument("--sample-log", metavar="DIR", help="record every trained sample id (chaos check-samples)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: this process's GPU, cuda:$LOCAL_RANK, over NCCL (default: cpu, over gloo)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device torch can use; leave --device out for the CPU")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by ftcoord-launch, as by torchrun
+    device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
 
     torch.manual_seed(0)  # the same initial weights on every process
-    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     trainer = Trainer(model, MyTrainDataset(args.dataset_size), optimizer, args.batch_size, args.save_every,
-                      args.snapshot, args.sample_log)
+                      args.snapshot, args.sample_log, device)
 
     @Wrapper()  # ftcoord: store, job, slot and world size from ftcoord-launch's environment
     def run(call: CallWrapper) -> None:

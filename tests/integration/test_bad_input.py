@@ -133,6 +133,10 @@ ROWS = [
     Row("chaos verify a directory that is no run", (*CHAOS, "verify", "{empty}"), 2, ("not a chaos run directory",)),
     Row("chaos campaign bad seeds", (*CHAOS, "campaign", "ecrl-exp1", "--seeds", "1,x"), 2, ("'1,x'", "integers")),
     Row("chaos unknown campaign", (*CHAOS, "campaign", "nosuch"), 2, ("'nosuch'", "ecrl-exp1")),
+    # examples: CUDA_VISIBLE_DEVICES="" hides any GPU, so the row holds on every machine
+    Row("example --device cuda without a GPU", (PY, str(REPO / "examples" / "own_loop.py"), "1", "1", "--device",
+                                                "cuda"), 2, ("--device cuda", "no CUDA device", "leave --device out"),
+        env={"CUDA_VISIBLE_DEVICES": ""}, seconds=30.0),
     # ftcoord
     Row("ftcoord unknown command", (PY, "-m", "ftcoord.observe.cli", "purge"), 2, ("'purge'", "gc")),
 ]
