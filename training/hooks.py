@@ -1,9 +1,12 @@
 """Hook points inside the training step, for fault injection (chaos) and instrumentation.
 
-A hook is any object with `at_boundary(ctx)` (after a committed step, before the next),
-`after_backward(ctx)` (gradients reduced, optimizer not stepped yet) and/or `mid_reduction(ctx)`
-(inside the fixed-order gradient reduction, between its two collectives: its peers are waiting on
-this rank). With no hook installed the loop only tests an empty tuple: no cost when unused.
+A hook is any object with any of: `at_boundary(ctx)` (after a committed step, before the next),
+`after_backward(ctx)` (gradients reduced, optimizer not stepped yet), `mid_reduction(ctx)` (inside
+the fixed-order gradient reduction, between its two collectives: its peers are waiting on this
+rank), `after_optimizer_step(ctx)` (the optimizer stepped, the step not committed yet), and
+`checkpoint_half_written(step)` (a checkpoint's payload is half on disk; called in whichever process
+writes it). Hooks come only from `--hook` on the command line: training reads no variable that
+changes what it does. With no hook installed the loop only tests an empty tuple.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class StepContext:
     slot: int
     world_size: int
     is_leader: bool
+    optimizer: Any = None
+    """The optimizer (after_optimizer_step only)."""
 
 
 class StepHook(Protocol):
@@ -33,6 +38,10 @@ class StepHook(Protocol):
     def after_backward(self, ctx: StepContext) -> None: ...
 
     def mid_reduction(self, ctx: StepContext) -> None: ...
+
+    def after_optimizer_step(self, ctx: StepContext) -> None: ...
+
+    def checkpoint_half_written(self, step: int) -> None: ...
 
 
 def check_hook(spec: str) -> None:
@@ -48,10 +57,18 @@ def check_hook(spec: str) -> None:
 
 
 def load_hook(spec: str, config: Any) -> StepHook:
-    """`package.module:factory` → factory(config)."""
+    """`package.module:factory` → factory(config); a checkpoint writer process, which has no training
+    configuration, passes None."""
     module_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr or "hook")
     except (ImportError, AttributeError) as exc:
         raise TrainingConfigError(f"--hook {spec!r}: cannot load it ({exc}); use MODULE:FACTORY") from exc
     return factory(config)
+
+
+def load_write_hooks(specs: tuple[str, ...] | list[str]) -> tuple[Any, ...]:
+    """The hooks of `specs` that act inside a checkpoint write (`checkpoint_half_written`), loaded in the process
+    that writes (a writer process has no training configuration: factories get None)."""
+    loaded = (load_hook(spec, None) for spec in specs)
+    return tuple(hook for hook in loaded if hasattr(hook, "checkpoint_half_written"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,6 @@ from training.heal import heal
 from training.hooks import StepContext, StepHook, load_hook
 from training.ledger import Ledger
 from training.models import build_model, parameter_count
-from training.planted import DOUBLE_STEP_AFTER_RESUME, planted_bug
 from training.sampler import ResumableGlobalBatchSampler, derive_seed, ids_hash, local_batch
 from training.state import TrainState, build_optimizer, build_scheduler
 
@@ -44,14 +44,12 @@ class Trainer:
             atomic.require_writable(Path(config.ckpt_dir))
         self.checkpoint: CheckpointStrategy | None = make_strategy(
             config.ckpt_strategy, config.ckpt_dir, config_hash=self.config_hash, keep=config.ckpt_keep,
-            job_id=config.job_id, max_failures=config.ckpt_max_failures)
+            job_id=config.job_id, max_failures=config.ckpt_max_failures, hooks=config.hooks)
         if self.checkpoint is not None:
             self.checkpoint.on_durable = self._checkpoint_durable
         self._saved_in: dict[int, int] = {}  # step -> generation that saved it (for the ledger line)
         self.ledger = Ledger(config.log_dir or os.environ.get("FTCOORD_LOG_DIR"), config.job_id, slot)
         self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
-        self.planted_bug = planted_bug()
-        self._double_step_pending = False
         self.log = get_logger(component="trainer", slot=slot)
         self.log.info("trainer_ready", parameters=parameter_count(model), dataset_size=len(self.dataset),
                       steps_per_epoch=self.sampler.steps_per_epoch, config_hash=self.config_hash)
@@ -91,7 +89,6 @@ class Trainer:
                           heal_s=round(report.seconds, 4), loaded_from=loaded_from,
                           restarts=call.restarts, config_hash=self.config_hash, trajectory=config.trajectory(),
                           grad_reduction=config.grad_reduction, threads=torch.get_num_threads())
-        self._double_step_pending = self.planted_bug == DOUBLE_STEP_AFTER_RESUME and state.step > 0
         if self.checkpoint is not None and rank == 0:
             self.checkpoint.prepare()
         # Buffers (BatchNorm statistics) are synced after backward rather than at the next forward
@@ -145,9 +142,8 @@ class Trainer:
         if buffers.buffers:
             buffers.sync_from_rank0()
         state.optimizer.step()
-        if self._double_step_pending:  # a planted bug (training.planted), never set outside its tests
-            state.optimizer.step()
-            self._double_step_pending = False
+        if hooks:
+            self._run_hooks("after_optimizer_step", call, step, optimizer=state.optimizer)
         state.scheduler.step()
         state.step = step + 1  # committed: this rank applied the full global batch
         buffers.commit()
@@ -189,8 +185,8 @@ class Trainer:
         self.log.info("training_stopped", step=self.state.step)
         return "stopped"
 
-    def _run_hooks(self, point: str, call: CallWrapper, step: int) -> None:
-        ctx = StepContext(step, call.iteration, call.rank, call.slot, call.world_size, call.is_leader)
+    def _run_hooks(self, point: str, call: CallWrapper, step: int, optimizer: Any = None) -> None:
+        ctx = StepContext(step, call.iteration, call.rank, call.slot, call.world_size, call.is_leader, optimizer)
         for hook in self.hooks:
             method = getattr(hook, point, None)
             if method is not None:

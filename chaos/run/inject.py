@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.run.planted import DOUBLE_STEP_AFTER_RESUME, checkpoint_write_fault, planted_bug
+from ftcoord.log import get_logger
 from training.hooks import StepContext
 
 PLAN_ENV = "FTCOORD_FAULT_PLAN"
@@ -54,8 +56,15 @@ class PlannedFault:
 
 
 class FaultHook:
-    def __init__(self, plan: list[PlannedFault]) -> None:
+    """A rank's planned faults, and what chaos.run.planted plants (a bug, a fault inside a checkpoint write)."""
+
+    def __init__(self, plan: list[PlannedFault], bug: str | None = None) -> None:
         self.plan = plan
+        self.bug = bug
+        self._seen_generation: int | None = None
+        """The last generation whose first optimizer step the planted bug saw."""
+        if bug is not None:
+            get_logger(component="chaos").warning("planted_bug_armed", bug=bug, pid=os.getpid())
 
     def _fire(self, point: str, ctx: StepContext) -> None:
         for fault in self.plan:
@@ -88,6 +97,16 @@ class FaultHook:
     def mid_reduction(self, ctx: StepContext) -> None:
         self._fire("mid_reduction", ctx)
 
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        if self.bug != DOUBLE_STEP_AFTER_RESUME or ctx.generation == self._seen_generation:
+            return
+        self._seen_generation = ctx.generation  # the first step of this generation: ctx.step is its start step
+        if ctx.step > 0:
+            ctx.optimizer.step()
+
+    def checkpoint_half_written(self, step: int) -> None:
+        checkpoint_write_fault(step)
+
 
 def marker_name(name: str, slot: int | None, rank: int | None, point: str, step: int) -> str:
     """The file a fault leaves when it fires (it fires once: a replacement finds it)."""
@@ -101,5 +120,6 @@ def parse_plan(text: str) -> list[PlannedFault]:
 
 
 def hook(config: object) -> FaultHook:
-    """Factory for `--hook chaos.run.inject:hook`."""
-    return FaultHook(parse_plan(os.environ.get(PLAN_ENV, "")))
+    """Factory for `--hook chaos.run.inject:hook` (`config`: the training configuration, or None in a checkpoint
+    writer process; not used)."""
+    return FaultHook(parse_plan(os.environ.get(PLAN_ENV, "")), planted_bug())

@@ -18,10 +18,9 @@ from pathlib import Path
 from chaos.machine_env import machine_env
 from chaos.own_code import checkout_command, own_code_env
 from chaos.run.inject import MARKER_DIR_ENV, PLAN_ENV
+from chaos.run.planted import CKPT_CRASH_ENV, PLANTED_BUG_ENV
 from chaos.scenario import JobSpec
 from ftcoord.launcher.children_env import omp_threads_per_process
-from training.checkpoint.atomic import CRASH_ENV
-from training.planted import PLANTED_BUG_ENV
 
 
 def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
@@ -70,7 +69,7 @@ class Launchers:
         # The "nodes" share one host: split its cores over all ranks, not per launcher.
         self.env.setdefault("OMP_NUM_THREADS", omp_threads_per_process(job.nproc))
         if crash:
-            self.env[CRASH_ENV] = crash
+            self.env[CKPT_CRASH_ENV] = crash
         if reference:
             self.env.pop(PLANTED_BUG_ENV, None)  # a reference is what a correct run makes: never a planted bug
         self.output = output.open("ab")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.run.planted import CKPT_CRASH_ENV
 from ftcoord import StoreServer
 from ftcoord.host import scratch
 from tests.helpers.disk import small_disk
@@ -131,7 +132,7 @@ def test_a_rank_hung_inside_a_checkpoint_commit_is_fenced_at_the_hang_detection_
     marker = tmp_path / "stopped"
     args = train_args(120, "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "10", "--step-time", "0.02")
     run = TrainingRun.launch(tmp_path / "run", store_server.address, job_id, args,
-                             env={atomic.CRASH_ENV: f"stop:{marker}:20"})
+                             env={CKPT_CRASH_ENV: f"stop:{marker}:20"})
     code, out = run.wait(180)
     assert code == 0, out[-3000:]
     pid, stopped_at = marker.read_text().split()

@@ -3,7 +3,8 @@
 One real `kill-boundary` run (real processes, a real SIGKILL-like exit) is made once; each test copies
 its directory, damages it the way a bug, a lost file or a forger would, and runs `chaos verify` on
 the copy. Every damage must fail the verdict with a problem line that names it. The planted bug
-(training.planted) runs whole scenarios with one optimizer step applied twice after a resume.
+(chaos.run.planted, through chaos's training hook) runs whole scenarios with one optimizer step
+applied twice after a resume.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import chaos.report.reference
 from chaos.cli import _verify_or_report, main, run_scenario
 from chaos.errors import ReferenceUnusable
 from chaos.report.reference import reference_dir, summarize_reference
+from chaos.run.planted import DOUBLE_STEP_AFTER_RESUME, PLANTED_BUG_ENV
 from chaos.scenario import load
-from training.planted import DOUBLE_STEP_AFTER_RESUME, PLANTED_BUG_ENV
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from chaos.run.planted import CKPT_CRASH_ENV
 from training.checkpoint import atomic
 from training.checkpoint.base import load_latest, make_strategy
 from training.config import TrainConfig
@@ -106,10 +109,11 @@ def test_kill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path: P
     save(tmp_path, 10)
     code = (
         "import sys; from pathlib import Path; from training.checkpoint import atomic\n"
+        "from training.hooks import load_write_hooks\n"
         f"atomic.commit(Path({str(tmp_path)!r}), 20, b'x' * 1_000_000, world_size=2, config_hash='abc',"
-        " strategy='blocking', keep=3)\n"
+        " strategy='blocking', keep=3, hooks=load_write_hooks(['chaos.run.inject:hook']))\n"
     )
-    env = {**os.environ, atomic.CRASH_ENV: f"kill:{tmp_path / 'marker'}"}
+    env = {**os.environ, CKPT_CRASH_ENV: f"kill:{tmp_path / 'marker'}"}
     result = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
     assert result.returncode == 137
     assert list(tmp_path.glob("step_00000020*.tmp-*")), "the torn write should be left in a temp dir"
@@ -213,3 +217,30 @@ def test_a_model_with_batchnorm_buffers_digests_and_round_trips(tmp_path: Path, 
     fresh.restore(loaded.payload)
     assert fresh.digest() == state.digest() and fresh.step == 3
     ckpt.close(finished=True)
+
+
+@pytest.mark.parametrize("strategy", ["overlapped", "flash"])
+def test_a_fault_planted_in_a_checkpoint_write_fires_in_the_process_that_writes(
+        tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The strategies hand their `--hook` specs to the writer process they start: chaos's fault inside a commit
+    (chaos.run.planted) fires there, half-way through the payload, and nothing of that save is committed."""
+    from tests.helpers.wait import wait_until
+
+    marker = tmp_path / "fired"
+    monkeypatch.setenv(CKPT_CRASH_ENV, f"kill:{marker}")
+    job = f"planted-{strategy}-{os.getpid()}"
+    ckpt = make_strategy(strategy, tmp_path / "ckpt", config_hash="abc", keep=2, job_id=job,
+                         hooks=("chaos.run.inject:hook",))
+    assert ckpt is not None
+    ckpt.save(make_state(7), world_size=1)
+    wait_until(marker.exists, 60, "the planted fault to fire in the writer")
+    pid = int(marker.read_text().split()[0])
+    assert pid != os.getpid(), "the fault fired in the trainer, not in the process that writes"
+    wait_until(lambda: list((tmp_path / "ckpt").glob("step_00000007.tmp-*")), 60, "the torn write")
+    assert not atomic.step_dirs(tmp_path / "ckpt"), "a torn save was committed"
+    with contextlib.suppress(Exception):  # the writer is gone: this save failed, as a dead writer's would
+        ckpt.close(finished=False)
+    from training.checkpoint.flash import flash_dirs
+
+    for directory in flash_dirs(job):
+        shutil.rmtree(directory, ignore_errors=True)

@@ -68,3 +68,14 @@ def test_the_history_check_sees_a_lab_notebook() -> None:
                 "it fail twice on this 2-core machine). It used to read every key.")
     kinds = {found.split(":")[0] for found in _history(notebook)}
     assert kinds == {what for _, what in HISTORY}
+
+
+PLANTS = re.compile(r"PLANTED|FTCOORD_FAULT|FAULT_CKPT|CRASH_ENV")
+
+
+def test_the_product_reads_no_planted_fault() -> None:
+    """Planted bugs and faults reach a rank only through chaos's training hook (chaos.run.planted): no module of
+    `ftcoord/` or `training/` names them, so no exported variable can switch one on in a real job."""
+    found = [f"{path}:{n}" for package in ("ftcoord", "training") for path in sorted((ROOT / package).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if PLANTS.search(line)]
+    assert not found, found

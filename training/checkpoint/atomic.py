@@ -20,13 +20,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from training.errors import TrainingConfigError
 
@@ -39,9 +39,6 @@ REJECTED = ".rejected"
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 TEMP = re.compile(r"^.+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
 FORMAT_VERSION = 1
-CRASH_ENV = "FTCOORD_FAULT_CKPT_WRITE"
-"""Chaos: "kill:MARKER[:MINSTEP]" dies half-way through one checkpoint write, "stop:MARKER[:MINSTEP]"
-hangs there (SIGSTOP of itself); the marker file makes it happen once."""
 
 
 @dataclass(frozen=True)
@@ -80,15 +77,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_file(path: Path, data: bytes | memoryview, planted: str | None = None) -> None:
+def _write_file(path: Path, data: bytes | memoryview, halfway: Sequence[Callable[[], None]] = ()) -> None:
+    """Write and fsync `path`; with `halfway` callbacks, they run once half of `data` is written and flushed."""
     with open(path, "wb") as f:
-        if planted:
-            f.write(data[: len(data) // 2])
+        if halfway:
+            half = len(data) // 2
+            f.write(data[:half])
             f.flush()
-            if planted == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)  # planted fault: a hang in the middle of a commit
-            else:
-                os._exit(137)  # planted fault: a torn write, as a crash would leave it
+            for callback in halfway:
+                callback()
+            data = data[half:]
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -111,8 +109,19 @@ def describe_failure(root: Path, exc: BaseException) -> dict[str, object]:
 
 
 def commit(root: Path, step: int, payload: bytes | memoryview, *, world_size: int, config_hash: str,
-           strategy: str, keep: int) -> Manifest:
+           strategy: str, keep: int, hooks: Sequence[Any] = ()) -> Manifest:
     """Write a checkpoint with the commit protocol above; return its manifest.
+
+    Args:
+        root: the checkpoint directory.
+        step: the committed step the payload holds.
+        payload: the serialized state.
+        world_size: the world size that saved it.
+        config_hash: the training configuration's hash (a load checks it).
+        strategy: the strategy's name, for the manifest.
+        keep: how many checkpoints to keep.
+        hooks: objects whose `checkpoint_half_written(step)` runs half-way through the payload's write
+            (training.hooks; chaos plants a crash or a hang there).
 
     Raises:
         OSError: the checkpoint could not be made durable (full disk, read-only, I/O error); nothing
@@ -126,7 +135,7 @@ def commit(root: Path, step: int, payload: bytes | memoryview, *, world_size: in
         if temp.exists():
             shutil.rmtree(temp)
         temp.mkdir(mode=0o700)
-        _write_file(temp / PAYLOAD, payload, planted=_planted_fault(step))
+        _write_file(temp / PAYLOAD, payload, [lambda hook=hook: hook.checkpoint_half_written(step) for hook in hooks])
         manifest = Manifest(step=step, world_size=world_size, config_hash=config_hash,
                             sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), time=time.time(),
                             strategy=strategy)
@@ -167,23 +176,6 @@ def _latest_step(root: Path) -> int:
         return -1
     match = STEP_DIR.match(os.readlink(link))
     return int(match.group(1)) if match and (root / os.readlink(link)).is_dir() else -1
-
-
-def _planted_fault(step: int) -> str | None:
-    """A fault planted by chaos (CRASH_ENV): "kill" or "stop" once during a payload write, else None."""
-    action, _, rest = os.environ.get(CRASH_ENV, "").partition(":")
-    if action not in ("kill", "stop"):
-        return None
-    marker_text, _, min_step = rest.partition(":")
-    if min_step and step < int(min_step):
-        return None
-    try:
-        fd = os.open(Path(marker_text), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return None
-    os.write(fd, f"{os.getpid()} {time.monotonic()}".encode())
-    os.close(fd)
-    return action
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:

@@ -64,8 +64,10 @@ class CheckpointStrategy:
     name = "base"
 
     def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str,
-                 max_failures: int = DEFAULT_MAX_FAILURES) -> None:
+                 max_failures: int = DEFAULT_MAX_FAILURES, hooks: tuple[str, ...] = ()) -> None:
         self.root = Path(root)
+        self.hooks = hooks
+        """`--hook` specs, for the process that writes (training.hooks.load_write_hooks)."""
         self.config_hash = config_hash
         self.keep = keep
         self.job_id = job_id
@@ -192,12 +194,13 @@ def _set_aside(rejected: list[tuple[Path, str]], log: Any) -> list[str]:
 
 
 def make_strategy(name: str, root: str | Path | None, *, config_hash: str, keep: int, job_id: str,
-                  max_failures: int = DEFAULT_MAX_FAILURES) -> CheckpointStrategy | None:
-    """The strategy named on the command line (None for "none")."""
+                  max_failures: int = DEFAULT_MAX_FAILURES, hooks: tuple[str, ...] = ()) -> CheckpointStrategy | None:
+    """The strategy named on the command line (None for "none"); `hooks`: the `--hook` specs, loaded again by
+    whichever process writes the checkpoints."""
     if name == "none" or root is None:
         return None
     kwargs: dict[str, Any] = {"config_hash": config_hash, "keep": keep, "job_id": job_id,
-                              "max_failures": max_failures}
+                              "max_failures": max_failures, "hooks": tuple(hooks)}
     if name == "blocking":
         from training.checkpoint.blocking import BlockingCheckpoint
 

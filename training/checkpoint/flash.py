@@ -44,8 +44,10 @@ def flash_dirs(job_id: str) -> list[Path]:
 class FlashCheckpoint(CheckpointStrategy):
     name = "flash"
 
-    def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str, max_failures: int) -> None:
-        super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures)
+    def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str, max_failures: int,
+                 hooks: tuple[str, ...] = ()) -> None:
+        super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures,
+                         hooks=hooks)
         slot = int(os.environ.get(SLOT_ENV, str(os.getpid())))
         self.directory = scratch.slot_dir(job_id, slot) / FLASH
         self._buffer: shm.SharedBuffer | None = None
@@ -97,7 +99,8 @@ class FlashCheckpoint(CheckpointStrategy):
     def _spawn_persister(self) -> None:
         self._persister = subprocess.Popen(
             module_command("training.checkpoint.persister", "--shm", str(self.directory), "--root", str(self.root),
-                           "--keep", str(self.keep), "--owner-pid", str(os.getpid())),
+                           "--keep", str(self.keep), "--owner-pid", str(os.getpid()),
+                           *[arg for spec in self.hooks for arg in ("--hook", spec)]),
             start_new_session=True,  # outlives this process: an in-flight persist still lands
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # holds no pipe of ours open
             stderr=open(self.directory / "persister.err", "ab"),  # noqa: SIM115 - the child owns it

@@ -26,11 +26,13 @@ class OverlappedCheckpoint(CheckpointStrategy):
     name = "overlapped"
 
     def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str, max_failures: int,
-                 max_inflight: int = 1) -> None:
-        super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures)
+                 max_inflight: int = 1, hooks: tuple[str, ...] = ()) -> None:
+        super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures,
+                         hooks=hooks)
         self.root.mkdir(parents=True, exist_ok=True)
+        hook_args = [arg for spec in hooks for arg in ("--hook", spec)]
         self._proc = subprocess.Popen(
-            module_command("training.checkpoint.writer", "--root", str(self.root), "--keep", str(keep)),
+            module_command("training.checkpoint.writer", "--root", str(self.root), "--keep", str(keep), *hook_args),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         self._slots = threading.Semaphore(max_inflight)

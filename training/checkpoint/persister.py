@@ -25,6 +25,7 @@ from pathlib import Path  # noqa: E402
 
 from ftcoord.host import scratch  # noqa: E402
 from training.checkpoint import atomic, shm  # noqa: E402
+from training.hooks import load_write_hooks  # noqa: E402
 from training.state import serialize  # noqa: E402
 
 
@@ -36,8 +37,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def persist(directory: Path, root: Path, keep: int, requested: int) -> None:
-    """Write image `requested` to disk, or record why not; either way it is done with."""
+def persist(directory: Path, root: Path, keep: int, requested: int, hooks: tuple[object, ...] = ()) -> None:
+    """Write image `requested` to disk, or record why not; either way it is done with (`hooks`: see
+    training.hooks' checkpoint_half_written)."""
     image = shm.read_image(directory, copy=False)
     if image is None or image[0]["seq"] != requested:
         shm.write_failure(directory, requested, {"error": f"image {requested} is not in {directory} (replaced or "
@@ -51,7 +53,7 @@ def persist(directory: Path, root: Path, keep: int, requested: int) -> None:
         return
     try:
         atomic.commit(root, meta["step"], data, world_size=meta["world_size"], config_hash=meta["config_hash"],
-                      strategy="flash", keep=keep)
+                      strategy="flash", keep=keep, hooks=hooks)
     except OSError as exc:
         shm.write_failure(directory, requested, atomic.describe_failure(root, exc))
 
@@ -62,7 +64,9 @@ def main() -> int:
     parser.add_argument("--root", required=True)
     parser.add_argument("--keep", type=int, required=True)
     parser.add_argument("--owner-pid", type=int, required=True)
+    parser.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY (training.hooks)")
     args = parser.parse_args()
+    hooks = load_write_hooks(args.hook)
     directory, root = Path(args.shm), Path(args.root)
     stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(now=True))
@@ -74,7 +78,7 @@ def main() -> int:
         while True:
             requested = shm.read_marker(directory, shm.REQUEST)
             if requested > shm.read_marker(directory, shm.PERSISTED):
-                persist(directory, root, args.keep, requested)
+                persist(directory, root, args.keep, requested, hooks)
                 shm.write_marker(directory, shm.PERSISTED, requested)
                 continue
             if stopping["now"] or not _alive(args.owner_pid):

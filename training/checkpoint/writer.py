@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from training.checkpoint import atomic
+from training.hooks import load_write_hooks
 
 
 def main() -> int:
@@ -23,7 +24,9 @@ def main() -> int:
     parser.add_argument("--root", required=True)
     parser.add_argument("--keep", type=int, required=True)
     parser.add_argument("--strategy", default="overlapped")
+    parser.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY (training.hooks)")
     args = parser.parse_args()
+    hooks = load_write_hooks(args.hook)
     stdin, stdout = sys.stdin.buffer, sys.stdout
     while True:
         header_line = stdin.readline()
@@ -36,7 +39,7 @@ def main() -> int:
         started = time.perf_counter()
         try:
             atomic.commit(Path(args.root), header["step"], payload, world_size=header["world_size"],
-                          config_hash=header["config_hash"], strategy=args.strategy, keep=args.keep)
+                          config_hash=header["config_hash"], strategy=args.strategy, keep=args.keep, hooks=hooks)
             reply = {"step": header["step"], "write_s": time.perf_counter() - started, "ok": True}
         except OSError as exc:
             reply = {"step": header["step"], "ok": False, **atomic.describe_failure(Path(args.root), exc)}
