@@ -2,12 +2,13 @@
 
 For every step it attempts, **before** the forward pass, the loop records the ids its rank's batch holds, as the
 dataset returned them: `SampleLog(directory, slot).record(epoch, step, rank, world_size, generation, ids)`, one file
-per process. A committed step went through an all-reduce every rank had contributed to, so every rank's line exists
-(one written after the commit is missing when a rank dies between its commit and its write). A step no member
-committed is trained again by the next generation, whose lines count (`redone` lists such steps). `check_samples`
-(`chaos check-samples DIR --size N --epochs E`) proves from the lines alone that every sample of every epoch was
-trained exactly once and no process's position went backwards. A torn line inside a file is a problem; a torn last
-line is a death inside its write, before the forward pass (`torn_last` counts them).
+per process. A committed step went through an all-reduce every rank had contributed to, so every rank's line exists.
+Only the step a generation was interrupted in is trained again, by the next generation, whose lines count (`redone`).
+`check_samples` (`chaos check-samples DIR --size N --epochs E`) proves from the lines alone: every sample of every
+epoch trained exactly once; no generation starts before the step its predecessor was interrupted in; each step's
+lines are one per rank of one world size, whose shards do not overlap; no process's position goes backwards. A torn
+line inside a file is a problem; a torn last line is a death inside its write, before the forward pass (`torn_last`).
+A relaunch from an older snapshot trains steps again: the lines cannot show that the state was rolled back, so it fails.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
             per_epoch[r["epoch"]].update(r["ids"])
     check.steps = len(last_generation)
     check.world_sizes = [generations[g] for g in sorted(generations)]
+    _check_generations_follow_on(records, check)
+    _check_shards(records, last_generation, check)
     for (slot, pid), positions in per_process.items():
         back = [(a, b) for a, b in zip(positions, positions[1:], strict=False)
                 if b[1:] < a[1:] or (b[1:] == a[1:] and b[0] <= a[0])]
@@ -124,3 +127,48 @@ def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
     if extra:
         check.problems.append(f"samples trained in epochs {extra}, beyond the {epochs} expected")
     return check
+
+
+def _check_generations_follow_on(records: list[dict[str, Any]], check: SampleCheck) -> None:
+    """A generation starts at the step its predecessor was interrupted in (its last attempted step), or after it:
+    one that starts before trains again steps a member had committed."""
+    spans: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
+    for r in records:
+        position = (r["epoch"], r["step"])
+        first, last = spans.get(r["generation"], (position, position))
+        spans[r["generation"]] = (min(first, position), max(last, position))
+    order = sorted(spans)
+    for before, after in zip(order, order[1:], strict=False):
+        if spans[after][0] < spans[before][1]:
+            check.problems.append(
+                f"generation {after} started at (epoch, step) {spans[after][0]}, before {spans[before][1]}, the "
+                f"step generation {before} was interrupted in: steps committed before it were trained again")
+
+
+def _check_shards(records: list[dict[str, Any]], last_generation: dict[tuple[int, int], int],
+                  check: SampleCheck) -> None:
+    """Each step's lines in the generation that trained it: one per rank of one world size, shards disjoint."""
+    lines: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        position = (r["epoch"], r["step"])
+        if r["generation"] == last_generation[position]:
+            lines[position].append(r)
+    for (epoch, step), found in sorted(lines.items()):
+        where = f"epoch {epoch} step {step} (generation {found[0]['generation']})"
+        sizes = sorted({r["world_size"] for r in found})
+        if len(sizes) > 1:
+            check.problems.append(f"{where}: its lines disagree on the world size: {sizes}")
+            continue
+        ranks = Counter(r["rank"] for r in found)
+        twice = sorted(rank for rank, n in ranks.items() if n > 1)
+        absent = sorted(set(range(sizes[0])) - set(ranks))
+        if twice:
+            check.problems.append(f"{where}: rank(s) {twice} trained it more than once")
+        if absent:
+            check.problems.append(f"{where}: rank(s) {absent} of {sizes[0]} have no line for it, yet it was "
+                                  f"committed (no later generation trained it again)")
+        owner: dict[int, int] = {}
+        shared = sorted({i for r in found for i in r["ids"] if owner.setdefault(i, r["rank"]) != r["rank"]})
+        if shared:
+            check.problems.append(f"{where}: the ranks' shards overlap: {len(shared)} ids in two shards, e.g. "
+                                  f"{shared[:5]}")

@@ -110,3 +110,37 @@ def test_a_process_may_redo_the_step_its_last_generation_was_interrupted_in(tmp_
     check = check_samples(tmp_path, SIZE, 2)
     assert check.passed, check.problems
     assert check.redone == [(1, 3)]
+
+
+def test_a_replacement_that_trains_committed_steps_again_fails(tmp_path: Path) -> None:
+    """Generation 1 trained steps 0-3; a replacement's generation 2 starts over at step 2. Every sample still counts
+    once (the latest generation wins each step), but steps 2 and 3 were committed by generation 1 before it."""
+    records = write_run(tmp_path)
+    again = [dict(r, generation=2, pid=999, mono=r["mono"] + 100) for r in records if r["step"] >= 2]
+    rewrite(tmp_path, [*records, *again])
+    check = check_samples(tmp_path, SIZE, 2)
+    assert not check.passed
+    assert any("generation 2 started at (epoch, step) (1, 2), before (1, 3)" in p for p in check.problems), \
+        check.problems
+
+
+@pytest.mark.parametrize("plant, says", [
+    ("overlap", "the ranks' shards overlap: 1 ids in two shards, e.g. [4]"),
+    ("rank twice", "rank(s) [0] trained it more than once"),
+    ("rank absent", "rank(s) [1] of 2 have no line for it"),
+    ("world sizes", "its lines disagree on the world size: [2, 3]"),
+])
+def test_a_steps_lines_are_one_shard_per_rank(tmp_path: Path, plant: str, says: str) -> None:
+    records = write_run(tmp_path)
+    step1 = [r for r in records if r["step"] == 1]  # ranks 0 and 1: ids [4, 5] and [6, 7]
+    if plant == "overlap":
+        step1[1]["ids"] = [4, 7]
+    elif plant == "rank twice":
+        step1[1]["rank"] = 0
+    elif plant == "rank absent":
+        records.remove(step1[1])
+    elif plant == "world sizes":
+        step1[1]["world_size"] = 3
+    rewrite(tmp_path, records)
+    check = check_samples(tmp_path, SIZE, 2)
+    assert not check.passed and any(says in p for p in check.problems), check.problems
