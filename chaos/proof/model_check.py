@@ -3,10 +3,12 @@
 Every run is checked, whatever happened to its world size. The expected model comes from a fault-free run with the
 same world size at every step: the cached real reference when the run kept the reference's size throughout,
 otherwise `chaos.proof.replay` (the run's own schedule replayed in one process). Compared: the final parameters
-(`final_params.pt`, which must match the digest the ranks reported) and every committed step's loss on every rank,
-so a divergence is named by the first step where it shows. Exact (bit-identical) wherever the arithmetic is fixed:
-the fixed-order reduction (training's default) at any world size, DDP's built-in all-reduce up to 2 ranks. A run
-that used the built-in all-reduce with 3+ ranks is compared within `TOLERANCE_RELATIVE_L2`, stated in the report.
+(`final_params.pt`, which must match the digest the ranks reported) tensor by tensor, and every committed step's
+loss on every rank: a loss that departs fails the run, named by the first step where it shows. Exact (`torch.equal`,
+every parameter and buffer) wherever the arithmetic is fixed: the fixed-order reduction (training's default) at any
+world size, DDP's built-in all-reduce up to 2 ranks. A run that used the built-in all-reduce with 3+ ranks is held
+to `TOLERANCE_RELATIVE_L2` over its floating-point parameters, and over its floating-point buffers apart; integer
+buffers must be equal. The gradient reduction is the scenario's, and every generation's ranks must have used it.
 A check that cannot be made is a problem, never a pass.
 """
 
@@ -24,12 +26,14 @@ from chaos.proof.lineage import effective_generations
 from chaos.proof.replay import StepPlan, replay
 from chaos.proof.verify import Verdict
 from training.config import TrainConfig
+from training.models import build_model
 from training.state import state_digest
 
 TOLERANCE_RELATIVE_L2 = 1e-5
-"""Final parameters this close (L2 of the difference / L2 of the expected) pass when the run's
-arithmetic is not exact (DDP's built-in all-reduce on 3+ ranks): far above what gloo's summation
-order moves a run, far below what a planted bug (an optimizer step applied twice) moves one."""
+"""Final floating-point parameters this close (L2 of the difference / L2 of the expected, over the parameters only)
+pass when the run's arithmetic is not exact (DDP's built-in all-reduce on 3+ ranks): far above what gloo's summation
+order moves a run, far below what a planted bug (an optimizer step applied twice) moves one. Floating-point buffers
+(BatchNorm's running statistics) are held to the same bound apart."""
 LOSS_RELATIVE_TOLERANCE = 1e-4
 
 
@@ -57,6 +61,11 @@ class ModelCheck:
     first_divergence: dict[str, Any] | None = None
     param_l2: float | None = None
     param_l2_relative: float | None = None
+    """Over the floating-point parameters."""
+    buffer_l2_relative: float | None = None
+    """Over the floating-point buffers (None: the model has none)."""
+    differing: list[str] = field(default_factory=list)
+    """The tensors that are not equal to the expected ones."""
     replay_s: float | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -68,8 +77,10 @@ class ModelCheck:
         return asdict(self)
 
 
-def step_plan(records: list[dict[str, Any]], verdict: Verdict) -> tuple[list[StepPlan], list[str]]:
-    """How the run committed each step: world size, gradient reduction and each rank's threads."""
+def step_plan(records: list[dict[str, Any]], verdict: Verdict,
+              reduction: str | None = None) -> tuple[list[StepPlan], list[str]]:
+    """How the run committed each step: world size, gradient reduction and each rank's threads; `reduction`: the
+    gradient reduction the scenario asks for, which every generation's ranks must have recorded (None: any)."""
     lines: dict[int, dict[int, dict[str, Any]]] = {}
     effective = effective_generations(records)
     for r in records:
@@ -85,6 +96,9 @@ def step_plan(records: list[dict[str, Any]], verdict: Verdict) -> tuple[list[Ste
         reductions = {line.get("grad_reduction") for line in ranks.values()}
         if len(reductions) != 1 or None in reductions:
             return [], [f"generation {generation}: its ranks did not record one gradient reduction ({reductions})"]
+        if reduction is not None and reductions != {reduction}:
+            return [], [f"generation {generation}: its ranks recorded the gradient reduction {reductions.pop()!r}, "
+                        f"the scenario asks for {reduction!r}"]
         threads = tuple(ranks[r].get("threads", 0) if r in ranks else 0 for r in range(world))
         if 0 in threads:
             # a rank without a generation line is already a ledger problem; replay it like rank 0
@@ -125,9 +139,18 @@ def exact_arithmetic(plan: list[StepPlan]) -> bool:
     return all(p.reduction == "fixed" or p.world_size <= 2 for p in plan)
 
 
+def parameter_names(config: TrainConfig, expect: DataExpectation | None = None) -> frozenset[str]:
+    """The names of `config`'s model's state_dict that are parameters (the others are buffers)."""
+    expect = expect or DataExpectation(config.dataset, config.global_batch, config.seed)
+    dataset = expect.dataset
+    model = build_model(config.model, tuple(dataset[0][0].shape), dataset.classes, config.seed)  # type: ignore[attr-defined]
+    return frozenset(name for name, _ in model.named_parameters())
+
+
 def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[StepPlan], expected: ExpectedModel,
-                final_params: Path) -> ModelCheck:
-    """Compare the run with the expected model (see the module docstring)."""
+                final_params: Path, parameters: frozenset[str]) -> ModelCheck:
+    """Compare the run with the expected model (see the module docstring); `parameters`: the state_dict's names
+    that are parameters (parameter_names)."""
     check = ModelCheck(expected_from=expected.source,
                        replay_s=round(expected.seconds, 2) if expected.source == "replay" else None)
     check.exact = exact_arithmetic(plan)
@@ -139,24 +162,49 @@ def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[Step
     run_state, problem = read_final_params(final_params, verdict.final_digests)
     if problem is not None:
         check.problems.append(problem)
+    if run_state is None or expected.state is None:
+        if expected.state is None:
+            check.problems.append(f"model not checked: the fault-free {expected.source} has no final parameters")
+        return check
+    if run_state.keys() != expected.state.keys():
+        check.problems.append(f"model not checked: the final state holds other tensors than the fault-free "
+                              f"{expected.source} (run only: {sorted(run_state.keys() - expected.state.keys())[:3]}, "
+                              f"{expected.source} only: {sorted(expected.state.keys() - run_state.keys())[:3]})")
+        return check
     check.checked = True
-    check.bit_identical = verdict.final_digests == [expected.digest]
-    if run_state is not None and expected.state is not None:
-        check.param_l2, check.param_l2_relative = parameter_l2(run_state, expected.state)
+    check.differing = [k for k in expected.state if not _equal(run_state[k], expected.state[k])]
+    check.bit_identical = not check.differing
+    floats = {k for k, v in expected.state.items() if v.is_floating_point()}
+    check.param_l2, check.param_l2_relative = parameter_l2(run_state, expected.state, floats & parameters)
+    buffers = floats - parameters
+    check.buffer_l2_relative = parameter_l2(run_state, expected.state, buffers)[1] if buffers else None
     check.first_divergence = _first_divergence(run_losses(records), expected.losses, check.exact)
+    where = _divergence_text(check.first_divergence)
     if check.exact:
         if not check.bit_identical:
-            where = _divergence_text(check.first_divergence)
-            check.problems.append(f"final parameters {verdict.final_digests} differ from the fault-free "
-                                  f"{expected.source} {expected.digest} of the same schedule{where}")
+            check.problems.append(f"final parameters differ from the fault-free {expected.source} of the same "
+                                  f"schedule in {len(check.differing)} of {len(expected.state)} tensors, e.g. "
+                                  f"{check.differing[:3]}{where}")
     else:
-        check.within_tolerance = (check.param_l2_relative is not None
-                                  and check.param_l2_relative <= TOLERANCE_RELATIVE_L2)
-        if not check.within_tolerance:
-            check.problems.append(f"final parameters are {check.param_l2_relative} (relative L2) from the fault-"
-                                  f"free {expected.source}, beyond the tolerance {TOLERANCE_RELATIVE_L2} for "
-                                  f"inexact reductions{_divergence_text(check.first_divergence)}")
+        integers = [k for k in check.differing if k not in floats]
+        check.within_tolerance = (not integers and check.param_l2_relative is not None
+                                  and check.param_l2_relative <= TOLERANCE_RELATIVE_L2
+                                  and (check.buffer_l2_relative or 0.0) <= TOLERANCE_RELATIVE_L2)
+        if integers:
+            check.problems.append(f"integer buffers {integers[:3]} differ from the fault-free {expected.source}: "
+                                  f"no reduction order moves a count{where}")
+        elif not check.within_tolerance:
+            check.problems.append(f"final parameters are {check.param_l2_relative} (relative L2; buffers "
+                                  f"{check.buffer_l2_relative}) from the fault-free {expected.source}, beyond the "
+                                  f"tolerance {TOLERANCE_RELATIVE_L2} for inexact reductions{where}")
+    if check.first_divergence is not None and not check.problems:
+        check.problems.append(f"the final parameters match, but the run's losses depart from the fault-free "
+                              f"{expected.source}{where}")
     return check
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
 def read_final_params(path: Path, digests: list[str]) -> tuple[dict[str, torch.Tensor] | None, str | None]:
@@ -174,12 +222,15 @@ def read_final_params(path: Path, digests: list[str]) -> tuple[dict[str, torch.T
     return state, None
 
 
-def parameter_l2(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> tuple[float | None, float | None]:
-    """L2 of the difference of two parameter sets, and that relative to `expected`'s L2 (None, None: other keys)."""
+def parameter_l2(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                 names: set[str] | frozenset[str] | None = None) -> tuple[float | None, float | None]:
+    """L2 of the difference of two states over `names` (None: every tensor), and that relative to `expected`'s L2
+    over them (None, None: the states hold other keys)."""
     if run.keys() != expected.keys():
         return None, None
-    total = sum(float((run[k].double() - expected[k].double()).pow(2).sum()) for k in expected)
-    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in expected.values()))
+    keys = [k for k in expected if names is None or k in names]
+    total = sum(float((run[k].double() - expected[k].double()).pow(2).sum()) for k in keys)
+    norm = math.sqrt(sum(float(expected[k].double().pow(2).sum()) for k in keys))
     return round(math.sqrt(total), 10), (float(f"{math.sqrt(total) / norm:.3g}") if norm else None)
 
 

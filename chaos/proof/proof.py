@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos.proof.expected import DataExpectation
-from chaos.proof.model_check import ExpectedModel, ModelCheck, check_model, expected_model, step_plan
+from chaos.proof.model_check import (
+    ExpectedModel,
+    ModelCheck,
+    check_model,
+    expected_model,
+    parameter_names,
+    step_plan,
+)
 from chaos.proof.replay import StepPlan
 from chaos.proof.verify import Verdict, verify_ledger
 from training.config import TrainConfig
@@ -54,9 +61,9 @@ def _model(scan: LedgerScan, verdict: Verdict, config: TrainConfig, expect: Data
     if verdict.committed != verdict.steps:
         return ModelCheck(problems=[f"model not checked: only {verdict.committed} of {verdict.steps} steps were "
                                     f"committed"])
-    plan, problems = step_plan(scan.records, verdict)
+    plan, problems = step_plan(scan.records, verdict, config.grad_reduction)
     if problems:
         return ModelCheck(problems=[f"model not checked: {p}" for p in problems])
     ref_model, ref_plan = reference if reference is not None else (None, None)
     expected = expected_model(config, plan, ref_model, ref_plan, expect)
-    return check_model(scan.records, verdict, plan, expected, final_params)
+    return check_model(scan.records, verdict, plan, expected, final_params, parameter_names(config, expect))

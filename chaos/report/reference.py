@@ -34,6 +34,7 @@ from chaos.proof.model_check import (
     ExpectedModel,
     exact_arithmetic,
     parameter_l2,
+    parameter_names,
     read_final_params,
     run_losses,
     step_plan,
@@ -43,6 +44,7 @@ from chaos.proof.verify import verify_ledger
 from chaos.report.metrics import goodput
 from chaos.scenario import Scenario, training_config
 from training.ledger import scan_ledgers
+from training.state import state_digest
 
 CACHE_ENV = "FTCOORD_CACHE_DIR"
 SUMMARY = "summary.json"
@@ -125,7 +127,7 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
     if verdict.problems:
         raise ReferenceUnusable(f"the fault-free reference run in {run_dir} fails its own checks: "
                              + "; ".join(verdict.problems[:5]))
-    plan, problems = step_plan(scan.records, verdict)
+    plan, problems = step_plan(scan.records, verdict, config.grad_reduction)
     if problems:
         raise ReferenceUnusable(f"the reference run in {run_dir} cannot be replayed: {'; '.join(problems)}")
     replayed = replay(config, plan, expect)
@@ -136,7 +138,8 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
             f"{verdict.final_digests}: the replay is not faithful on this machine, so no model check can be "
             f"trusted. Report this with the run directory")
     if not exact:  # DDP's built-in all-reduce on 3+ ranks sums in gloo's order: held to the model check's tolerance
-        relative = parameter_l2(_final_params(run_dir, verdict.final_digests), replayed.state)[1]
+        parameters = parameter_names(config, expect)
+        relative = parameter_l2(_final_params(run_dir, verdict.final_digests), replayed.state, parameters)[1]
         if relative is None or relative > TOLERANCE_RELATIVE_L2:
             raise ReferenceUnusable(
                 f"the replay of the fault-free reference ({run_dir}) ends {relative} (relative L2) from the real "
@@ -161,19 +164,35 @@ def _final_params(run_dir: Path, digests: list[str]) -> dict[str, torch.Tensor]:
     return state
 
 
-def reference_model(ref_dir: Path, summary: dict[str, Any]) -> tuple[ExpectedModel, list[StepPlan]]:
-    """The reference as the model check uses it: digest, parameters, losses and schedule.
+def reference_model(ref_dir: Path, summary: dict[str, Any],
+                    scenario: Scenario | None = None) -> tuple[ExpectedModel, list[StepPlan]]:
+    """The reference as the model check uses it: digest, parameters, losses and schedule, checked as they are read:
+    its final parameters against the digest it was verified with, its key and steps against `scenario`'s.
 
     Raises:
-        ReferenceUnusable: the summary lacks what a verified reference has (an old or tampered cache).
+        ReferenceUnusable: the summary lacks what a verified reference has, or the cache entry was altered or
+            damaged since (its final file, its digest, another job's key).
     """
     if summary.get("unusable"):
         raise ReferenceUnusable(summary["unusable"])
+    rebuild = f"delete {ref_dir} and run again to rebuild it"
     if not summary.get("final_digest") or not summary.get("replay_verified") or "plan" not in summary:
         raise ReferenceUnusable(f"the reference in {ref_dir} has no verified final digest and schedule (built by "
-                             f"an older version, or altered); delete it and run again to rebuild it")
+                             f"an older version, or altered); {rebuild}")
+    if scenario is not None and (summary.get("trajectory_key"), summary.get("steps")) != (
+            scenario.job.trajectory_key(), scenario.job.steps):
+        raise ReferenceUnusable(f"the reference in {ref_dir} was made for another job (key "
+                                f"{summary.get('trajectory_key')}, {summary.get('steps')} steps; this scenario's: "
+                                f"{scenario.job.trajectory_key()}, {scenario.job.steps}); {rebuild}")
     params = ref_dir / "logs" / "final_params.pt"
-    state = torch.load(params, weights_only=True, map_location="cpu") if params.is_file() else None
+    try:
+        state = torch.load(params, weights_only=True, map_location="cpu")
+    except Exception as exc:  # missing or unreadable: the evidence is gone
+        raise ReferenceUnusable(f"the reference's final parameters {params} cannot be read ({exc}); {rebuild}") from exc
+    if state_digest(state) != summary["final_digest"]:
+        raise ReferenceUnusable(f"the reference's final parameters {params} are not the ones it was verified with "
+                                f"(digest {state_digest(state)}, verified {summary['final_digest']}): the cache entry "
+                                f"was altered or damaged; {rebuild}")
     records = scan_ledgers(ref_dir / "logs").records
     plan = [StepPlan(world, reduction, tuple(threads)) for world, reduction, threads in summary["plan"]]
     return ExpectedModel("reference", summary["final_digest"], state, run_losses(records)), plan

@@ -44,7 +44,7 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
     faults = [json.loads(line) for line in faults_path.read_text().splitlines()] if faults_path.exists() else []
     problems = outcome_problems(run_dir)
     try:
-        reference = reference_model(ref_dir, ref)
+        reference = reference_model(ref_dir, ref, scenario)
     except ReferenceUnusable as exc:
         reference, problems = None, problems + [f"the reference cannot be used: {exc}"]
     # Without a verified reference the replay still runs, but its faithfulness is unproven: a failure.

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 import torch
 
-from chaos.proof.model_check import TOLERANCE_RELATIVE_L2, ExpectedModel, check_model, expected_model, step_plan
+from chaos.proof.model_check import (
+    TOLERANCE_RELATIVE_L2,
+    ExpectedModel,
+    check_model,
+    expected_model,
+    parameter_names,
+    step_plan,
+)
 from chaos.proof.replay import StepPlan, replay
 from chaos.proof.verify import Verdict
 from training.config import TrainConfig
@@ -18,6 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 
 CONFIG = TrainConfig(steps=12, global_batch=12, dataset="synthetic:96", ckpt_strategy="none")
 SCHEDULE = [2] * 4 + [1] * 4 + [3] * 4  # an elastic run: 2 -> 1 -> 3 ranks
+PARAMS = parameter_names(CONFIG)
 
 
 def plan_of(schedule: list[int], reduction: str = "fixed") -> list[StepPlan]:
@@ -57,7 +65,8 @@ def test_a_run_that_matches_its_schedule_is_bit_identical(elastic: Any, tmp_path
     assert not problems and plan == plan_of(SCHEDULE)
     expected = expected_model(CONFIG, plan, None, None)
     assert expected.source == "replay" and expected.digest == elastic.digest  # the replay is deterministic
-    check = check_model(records, verdict_of(SCHEDULE, elastic.digest), plan, expected, tmp_path / "final_params.pt")
+    check = check_model(records, verdict_of(SCHEDULE, elastic.digest), plan, expected, tmp_path / "final_params.pt",
+                        PARAMS)
     assert check.passed and check.bit_identical is True and check.param_l2 == 0.0, check.problems
 
 
@@ -74,7 +83,8 @@ def test_a_drifted_model_fails_with_its_first_divergent_step(elastic: Any, tmp_p
     losses[9][1] += 1e-6  # the run's loss first differs at step 9, rank 1
     records = run_records(SCHEDULE, losses)
     check = check_model(records, verdict_of(SCHEDULE, state_digest(drifted)), plan_of(SCHEDULE),
-                        expected_model(CONFIG, plan_of(SCHEDULE), None, None), tmp_path / "final_params.pt")
+                        expected_model(CONFIG, plan_of(SCHEDULE), None, None), tmp_path / "final_params.pt",
+                        PARAMS)
     assert not check.passed and check.bit_identical is False
     assert check.first_divergence is not None and check.first_divergence["step"] == 9
     assert any("losses first differ at step 9 (rank 1" in p for p in check.problems)
@@ -85,14 +95,14 @@ def test_final_parameters_that_are_not_what_the_ranks_reported_fail(elastic: Any
     torch.save(other, tmp_path / "final_params.pt")
     check = check_model(run_records(SCHEDULE, elastic.losses), verdict_of(SCHEDULE, elastic.digest),
                         plan_of(SCHEDULE), expected_model(CONFIG, plan_of(SCHEDULE), None, None),
-                        tmp_path / "final_params.pt")
+                        tmp_path / "final_params.pt", PARAMS)
     assert any("final_params.pt holds other parameters than the ranks reported" in p for p in check.problems)
 
 
 def test_missing_final_parameters_are_a_problem_not_a_pass(elastic: Any, tmp_path: Path) -> None:
     check = check_model(run_records(SCHEDULE, elastic.losses), verdict_of(SCHEDULE, elastic.digest),
                         plan_of(SCHEDULE), expected_model(CONFIG, plan_of(SCHEDULE), None, None),
-                        tmp_path / "final_params.pt")
+                        tmp_path / "final_params.pt", PARAMS)
     assert not check.passed and any("final_params.pt" in p and "missing" in p for p in check.problems)
 
 
@@ -115,6 +125,74 @@ def test_inexact_reductions_are_held_to_the_stated_tolerance(tmp_path: Path) -> 
         torch.save(moved, tmp_path / "final_params.pt")
         records = run_records(schedule, result.losses, "allreduce")
         check = check_model(records, verdict_of(schedule, state_digest(moved)), plan_of(schedule, "allreduce"),
-                            expected, tmp_path / "final_params.pt")
+                            expected, tmp_path / "final_params.pt", PARAMS)
         assert not check.exact and check.tolerance_relative_l2 == TOLERANCE_RELATIVE_L2
         assert check.passed is passes, (scale, check.problems)
+
+
+CNN = TrainConfig(steps=80, global_batch=12, dataset="fakedata:96", model="small-cnn", ckpt_strategy="none",
+                  grad_reduction="allreduce")
+CNN_SCHEDULE = [3] * 80
+
+
+@pytest.fixture(scope="module")
+def cnn() -> Any:
+    """The replay of small-cnn on 3 ranks with DDP's all-reduce: the expected model of the runs below."""
+    return expected_model(CNN, plan_of(CNN_SCHEDULE, "allreduce"), None, None)
+
+
+def _check_cnn(cnn: ExpectedModel, state: dict[str, torch.Tensor], tmp_path: Path, losses: Any = None) -> Any:
+    torch.save(state, tmp_path / "final_params.pt")
+    plan = plan_of(CNN_SCHEDULE, "allreduce")
+    per_rank = losses if losses is not None else [[cnn.losses[s][r] for r in range(3)] for s in range(len(plan))]
+    records = run_records(CNN_SCHEDULE, per_rank, "allreduce")
+    return check_model(records, verdict_of(CNN_SCHEDULE, state_digest(state)), plan, cnn,
+                       tmp_path / "final_params.pt", parameter_names(CNN))
+
+
+def test_the_tolerance_is_over_the_parameters_so_it_means_what_it_says(cnn: Any, tmp_path: Path) -> None:
+    """small-cnn's BatchNorm buffers (running_var, num_batches_tracked) weigh in a whole-state L2: a parameter change
+    of twice the stated tolerance looked 20 times smaller after 80 steps (1.0e-6). Over the parameters alone, it
+    fails."""
+    names = parameter_names(CNN)
+    assert names and set(cnn.state) - names, "small-cnn has parameters and buffers"
+    moved = {k: v * (1 + 2 * TOLERANCE_RELATIVE_L2) if k in names else v for k, v in cnn.state.items()}
+    check = _check_cnn(cnn, moved, tmp_path)
+    assert not check.passed and check.within_tolerance is False, check
+    assert check.param_l2_relative == pytest.approx(2 * TOLERANCE_RELATIVE_L2, rel=1e-2)
+    assert any("beyond the tolerance" in p for p in check.problems), check.problems
+    within = {k: v * (1 + TOLERANCE_RELATIVE_L2 / 2) if k in names else v for k, v in cnn.state.items()}
+    assert _check_cnn(cnn, within, tmp_path).passed
+
+
+def test_an_integer_buffer_must_be_equal_even_within_the_tolerance(cnn: Any, tmp_path: Path) -> None:
+    counted = {k: v + 1 if not v.is_floating_point() else v for k, v in cnn.state.items()}
+    check = _check_cnn(cnn, counted, tmp_path)
+    assert not check.passed and any("integer buffers" in p and "num_batches_tracked" in p for p in check.problems)
+
+
+def test_a_loss_that_departs_fails_even_when_the_parameters_match(cnn: Any, tmp_path: Path) -> None:
+    losses = [[cnn.losses[s][r] for r in range(3)] for s in range(len(CNN_SCHEDULE))]
+    losses[3][2] *= 1.01
+    check = _check_cnn(cnn, cnn.state, tmp_path, losses)
+    assert not check.passed and check.within_tolerance is True
+    assert any("losses depart" in p and "step 3 (rank 2" in p for p in check.problems), check.problems
+
+
+def test_exact_mode_compares_every_tensor_not_a_digest(elastic: Any, tmp_path: Path) -> None:
+    """One buffer or parameter element off by one ulp is a difference, named by its tensor."""
+    off = {k: v.clone() for k, v in elastic.state.items()}
+    name = next(iter(off))
+    off[name].view(-1)[0] = torch.nextafter(off[name].view(-1)[0], torch.tensor(float("inf")))
+    torch.save(off, tmp_path / "final_params.pt")
+    check = check_model(run_records(SCHEDULE, elastic.losses), verdict_of(SCHEDULE, state_digest(off)),
+                        plan_of(SCHEDULE), expected_model(CONFIG, plan_of(SCHEDULE), None, None),
+                        tmp_path / "final_params.pt", PARAMS)
+    assert not check.passed and check.bit_identical is False and check.differing == [name], check
+
+
+def test_the_reduction_the_ranks_recorded_must_be_the_scenarios(elastic: Any) -> None:
+    records = run_records(SCHEDULE, elastic.losses, "allreduce")
+    plan, problems = step_plan(records, verdict_of(SCHEDULE, elastic.digest), "fixed")
+    assert not plan and problems == ["generation 1: its ranks recorded the gradient reduction 'allreduce', the "
+                                     "scenario asks for 'fixed'"]
