@@ -161,4 +161,6 @@ def test_a_sigterm_stops_every_rank_at_one_step_and_rank_0_saves_where_they_stoo
     snapshot = torch.load(run.out / "snapshot.pt", weights_only=True)
     assert snapshot["STEP"] == stopped[0], (snapshot["STEP"], stopped)
     trained = {r["step"] for r in read_samples(run.out / "samples")[0]}
-    assert max(trained) == stopped[0] - 1, "a rank trained past the step the snapshot holds"
+    # A line is written before its step's forward pass: one at the snapshot's own step is an attempt the stop cut
+    # short (the stop ends the generation first); a line beyond it would mean its rank had committed that step.
+    assert stopped[0] - 1 <= max(trained) <= stopped[0], (sorted(trained)[-3:], stopped)
