@@ -143,8 +143,9 @@ def configure(
     configuration are left as they are.
 
     Args:
-        log_file: where JSON lines go (every event, whatever the level); its directory is created. None: no file.
-        level: the lowest level shown on the terminal ("debug", "info", "warning", "error").
+        log_file: where JSON lines go (the events at `level` and above; with through_logging, every event); its
+            directory is created. None: no file.
+        level: the lowest level written ("debug", "info", "warning", "error").
         stream: the terminal stream (stderr by default, so stdout stays machine-readable).
         console: False silences the terminal renderer (JSON file only).
         through_logging: the terminal stays the application's: events go to the standard loggers

@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             atomic.require_writable(Path(config.ckpt_dir))
         if config.log_dir:
             _configure_logs(config.log_dir, slot)
+        elif not log.is_configured():
+            log.configure(None)  # an entry point of ftcoord's: its events on stderr
         from training.loop import Trainer  # torch: only once the command line is known to be good
 
         trainer = Trainer(config, slot)

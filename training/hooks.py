@@ -5,8 +5,8 @@ A hook is any object with any of: `at_boundary(ctx)` (after a committed step, be
 the fixed-order gradient reduction, between its two collectives: its peers are waiting on this
 rank), `after_optimizer_step(ctx)` (the optimizer stepped, the step not committed yet), and
 `checkpoint_half_written(step)` (a checkpoint's payload is half on disk; called in whichever process
-writes it). Hooks come only from `--hook` on the command line: training reads no variable that
-changes what it does. With no hook installed the loop only tests an empty tuple.
+writes it: a writer process loads such a hook again, its factory given None). Hooks come only from
+`--hook` on the command line: training reads no variable that changes what it does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from training.errors import TrainingConfigError
 @dataclass
 class StepContext:
     step: int
-    """The step being trained (after_backward) or the number of committed steps (at_boundary)."""
+    """The step being trained (after_backward, mid_reduction, after_optimizer_step) or the number of committed
+    steps (at_boundary)."""
     generation: int
     rank: int
     slot: int

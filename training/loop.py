@@ -42,14 +42,17 @@ class Trainer:
         self.config_hash = config.config_hash()
         if config.ckpt_dir is not None:
             atomic.require_writable(Path(config.ckpt_dir))
+        self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
+        writes = [(spec, hook) for spec, hook in zip(config.hooks, self.hooks, strict=True)
+                  if hasattr(hook, "checkpoint_half_written")]  # hooks that act inside a checkpoint write
         self.checkpoint: CheckpointStrategy | None = make_strategy(
             config.ckpt_strategy, config.ckpt_dir, config_hash=self.config_hash, keep=config.ckpt_keep,
-            job_id=config.job_id, max_failures=config.ckpt_max_failures, hooks=config.hooks)
+            job_id=config.job_id, max_failures=config.ckpt_max_failures,
+            hooks=tuple(spec for spec, _ in writes), write_hooks=tuple(hook for _, hook in writes))
         if self.checkpoint is not None:
             self.checkpoint.on_durable = self._checkpoint_durable
         self._saved_in: dict[int, int] = {}  # step -> generation that saved it (for the ledger line)
         self.ledger = Ledger(config.log_dir or os.environ.get("FTCOORD_LOG_DIR"), config.job_id, slot)
-        self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
         self.log = get_logger(component="trainer", slot=slot)
         self.log.info("trainer_ready", parameters=parameter_count(model), dataset_size=len(self.dataset),
                       steps_per_epoch=self.sampler.steps_per_epoch, config_hash=self.config_hash)

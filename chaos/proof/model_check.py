@@ -140,11 +140,45 @@ def exact_arithmetic(plan: list[StepPlan]) -> bool:
 
 
 def parameter_names(config: TrainConfig, expect: DataExpectation | None = None) -> frozenset[str]:
-    """The names of `config`'s model's state_dict that are parameters (the others are buffers)."""
+    """The names of `config`'s model's state_dict that are parameters (the others are buffers). The model is built
+    on the meta device (no memory) and the random generator is left as it was."""
     expect = expect or DataExpectation(config.dataset, config.global_batch, config.seed)
     dataset = expect.dataset
-    model = build_model(config.model, tuple(dataset[0][0].shape), dataset.classes, config.seed)  # type: ignore[attr-defined]
+    shape, classes = tuple(dataset[0][0].shape), dataset.classes  # type: ignore[attr-defined]
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(config.model, shape, classes, config.seed)
     return frozenset(name for name, _ in model.named_parameters())
+
+
+@dataclass
+class StateComparison:
+    """Two final states, tensor by tensor (compare_states)."""
+
+    differing: list[str]
+    """Tensors not equal (dtype, shape or any element)."""
+    integers_differ: list[str]
+    """Of those, the integer tensors (a count, which no reduction order moves)."""
+    param_l2: float | None
+    param_l2_relative: float | None
+    """Over the floating-point parameters."""
+    buffer_l2_relative: float | None
+    """Over the floating-point buffers (None: there are none)."""
+
+    def within(self, tolerance: float) -> bool:
+        """Integer tensors equal, floating-point parameters and buffers each within `tolerance` (relative L2)."""
+        return (not self.integers_differ and self.param_l2_relative is not None
+                and self.param_l2_relative <= tolerance and (self.buffer_l2_relative or 0.0) <= tolerance)
+
+
+def compare_states(run: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                   parameters: frozenset[str]) -> StateComparison:
+    """`run` against `expected` (the same keys: check first); `parameters`: the names that are parameters."""
+    differing = [k for k in expected if not _equal(run[k], expected[k])]
+    floats = {k for k, v in expected.items() if v.is_floating_point()}
+    param_l2, param_relative = parameter_l2(run, expected, floats & parameters)
+    buffers = floats - parameters
+    return StateComparison(differing, [k for k in differing if k not in floats], param_l2, param_relative,
+                           parameter_l2(run, expected, buffers)[1] if buffers else None)
 
 
 def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[StepPlan], expected: ExpectedModel,
@@ -172,12 +206,11 @@ def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[Step
                               f"{expected.source} only: {sorted(expected.state.keys() - run_state.keys())[:3]})")
         return check
     check.checked = True
-    check.differing = [k for k in expected.state if not _equal(run_state[k], expected.state[k])]
-    check.bit_identical = not check.differing
-    floats = {k for k, v in expected.state.items() if v.is_floating_point()}
-    check.param_l2, check.param_l2_relative = parameter_l2(run_state, expected.state, floats & parameters)
-    buffers = floats - parameters
-    check.buffer_l2_relative = parameter_l2(run_state, expected.state, buffers)[1] if buffers else None
+    compared = compare_states(run_state, expected.state, parameters)
+    check.differing = compared.differing
+    check.bit_identical = not compared.differing
+    check.param_l2, check.param_l2_relative = compared.param_l2, compared.param_l2_relative
+    check.buffer_l2_relative = compared.buffer_l2_relative
     check.first_divergence = _first_divergence(run_losses(records), expected.losses, check.exact)
     where = _divergence_text(check.first_divergence)
     if check.exact:
@@ -186,13 +219,10 @@ def check_model(records: list[dict[str, Any]], verdict: Verdict, plan: list[Step
                                   f"schedule in {len(check.differing)} of {len(expected.state)} tensors, e.g. "
                                   f"{check.differing[:3]}{where}")
     else:
-        integers = [k for k in check.differing if k not in floats]
-        check.within_tolerance = (not integers and check.param_l2_relative is not None
-                                  and check.param_l2_relative <= TOLERANCE_RELATIVE_L2
-                                  and (check.buffer_l2_relative or 0.0) <= TOLERANCE_RELATIVE_L2)
-        if integers:
-            check.problems.append(f"integer buffers {integers[:3]} differ from the fault-free {expected.source}: "
-                                  f"no reduction order moves a count{where}")
+        check.within_tolerance = compared.within(TOLERANCE_RELATIVE_L2)
+        if compared.integers_differ:
+            check.problems.append(f"integer buffers {compared.integers_differ[:3]} differ from the fault-free "
+                                  f"{expected.source}: no reduction order moves a count{where}")
         elif not check.within_tolerance:
             check.problems.append(f"final parameters are {check.param_l2_relative} (relative L2; buffers "
                                   f"{check.buffer_l2_relative}) from the fault-free {expected.source}, beyond the "

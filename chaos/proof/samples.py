@@ -3,12 +3,13 @@
 For every step it attempts, **before** the forward pass, the loop records the ids its rank's batch holds, as the
 dataset returned them: `SampleLog(directory, slot).record(epoch, step, rank, world_size, generation, ids)`, one file
 per process. A committed step went through an all-reduce every rank had contributed to, so every rank's line exists.
-Only the step a generation was interrupted in is trained again, by the next generation, whose lines count (`redone`).
-`check_samples` (`chaos check-samples DIR --size N --epochs E`) proves from the lines alone: every sample of every
-epoch trained exactly once; no generation starts before the step its predecessor was interrupted in; each step's
-lines are one per rank of one world size, whose shards do not overlap; no process's position goes backwards. A torn
-line inside a file is a problem; a torn last line is a death inside its write, before the forward pass (`torn_last`).
-A relaunch from an older snapshot trains steps again: the lines cannot show that the state was rolled back, so it fails.
+A line for step s also means its rank committed every step before s. `check_samples` (`chaos check-samples DIR
+--size N --epochs E`) proves from the lines alone: every sample of every epoch trained exactly once (a step trained
+again by a later generation counts there: `redone`); no generation starts below a step every rank of an earlier one
+reached; each step's lines are one per rank of one world size, shards disjoint; no process goes backwards. A torn
+line inside a file is a problem; a torn last line is a death inside its write (`torn_last`). Generations are told
+apart by store address and number (a relaunch on a new embedded store numbers anew; a store that lost its state at
+the same address is not told apart). A relaunch from an older snapshot fails the check.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftcoord.env import STORE_ENV
 from training.ledger import files_under
 
 
@@ -32,10 +34,13 @@ class SampleLog:
         self.path = Path(directory) / f"samples-{slot}-{os.getpid()}.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.slot = slot
+        self._store = os.environ.get(STORE_ENV, "")
 
     def record(self, epoch: int, step: int, rank: int, world_size: int, generation: int, ids: list[int]) -> None:
+        """One step's line (the store's address comes from the launcher's FTCOORD_STORE: generation numbers are the
+        store's)."""
         line = json.dumps({"epoch": epoch, "step": step, "rank": rank, "world_size": world_size,
-                           "generation": generation, "slot": self.slot, "pid": os.getpid(),
+                           "generation": generation, "slot": self.slot, "pid": os.getpid(), "store": self._store,
                            "mono": time.monotonic(), "ids": [int(i) for i in ids]})
         os.write(self._fd, (line + "\n").encode())
 
@@ -88,19 +93,20 @@ def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
     if not records:
         check.problems.append(f"no sample log under {directory}: nothing to check (did the loop write one?)")
         return check
+    _number_lives(records)
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
-    per_process: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
-    generations: dict[int, int] = {}
-    last_generation: dict[tuple[int, int], int] = {}
+    per_process: dict[tuple[int, int], list[tuple[Generation, int, int]]] = defaultdict(list)
+    generations: dict[Generation, int] = {}
+    last_generation: dict[tuple[int, int], Generation] = {}
     for r in records:
-        per_process[(r["slot"], r["pid"])].append((r["generation"], r["epoch"], r["step"]))
-        generations[r["generation"]] = r["world_size"]
+        per_process[(r["slot"], r["pid"])].append((r["_generation"], r["epoch"], r["step"]))
+        generations[r["_generation"]] = r["world_size"]
         position = (r["epoch"], r["step"])
-        last_generation[position] = max(last_generation.get(position, r["generation"]), r["generation"])
+        last_generation[position] = max(last_generation.get(position, r["_generation"]), r["_generation"])
     check.redone = sorted({(r["epoch"], r["step"]) for r in records
-                           if r["generation"] < last_generation[(r["epoch"], r["step"])]})
+                           if r["_generation"] < last_generation[(r["epoch"], r["step"])]})
     for r in records:
-        if r["generation"] == last_generation[(r["epoch"], r["step"])]:
+        if r["_generation"] == last_generation[(r["epoch"], r["step"])]:
             per_epoch[r["epoch"]].update(r["ids"])
     check.steps = len(last_generation)
     check.world_sizes = [generations[g] for g in sorted(generations)]
@@ -129,29 +135,50 @@ def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
     return check
 
 
+Generation = tuple[int, int]
+"""(life, number): a generation of one store's numbering. A relaunch on a new store (an embedded one, on another
+port) numbers its generations from 1 again: another life, ordered by when its first line was written."""
+
+
+def _number_lives(records: list[dict[str, Any]]) -> None:
+    """Set each record's `_generation` from its store's address (`store`) and its number."""
+    lives: dict[str, int] = {}
+    for r in records:
+        r["_generation"] = (lives.setdefault(r.get("store", ""), len(lives)), r["generation"])
+
+
 def _check_generations_follow_on(records: list[dict[str, Any]], check: SampleCheck) -> None:
-    """A generation starts at the step its predecessor was interrupted in (its last attempted step), or after it:
-    one that starts before trains again steps a member had committed."""
-    spans: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
+    """A line for step s means its rank committed every step before s. So once every rank of a generation wrote
+    its line for s, no later generation may start below s: it would train again steps all of them had committed."""
+    first: dict[Generation, tuple[int, int]] = {}
+    ranks: dict[tuple[Generation, tuple[int, int]], set[int]] = defaultdict(set)
+    world: dict[Generation, int] = {}
     for r in records:
         position = (r["epoch"], r["step"])
-        first, last = spans.get(r["generation"], (position, position))
-        spans[r["generation"]] = (min(first, position), max(last, position))
-    order = sorted(spans)
-    for before, after in zip(order, order[1:], strict=False):
-        if spans[after][0] < spans[before][1]:
+        first[r["_generation"]] = min(first.get(r["_generation"], position), position)
+        ranks[(r["_generation"], position)].add(r["rank"])
+        world[r["_generation"]] = r["world_size"]
+    reached: dict[Generation, tuple[int, int]] = {}
+    for (generation, position), who in ranks.items():
+        if who >= set(range(world[generation])):
+            reached[generation] = max(reached.get(generation, position), position)
+    floor: tuple[tuple[int, int], Generation] | None = None
+    for generation in sorted(first):
+        if floor is not None and first[generation] < floor[0]:
             check.problems.append(
-                f"generation {after} started at (epoch, step) {spans[after][0]}, before {spans[before][1]}, the "
-                f"step generation {before} was interrupted in: steps committed before it were trained again")
+                f"generation {generation[1]} started at (epoch, step) {first[generation]}, below {floor[0]}, which "
+                f"every rank of generation {floor[1][1]} had reached: steps they had all committed were trained again")
+        if generation in reached and (floor is None or reached[generation] > floor[0]):
+            floor = (reached[generation], generation)
 
 
-def _check_shards(records: list[dict[str, Any]], last_generation: dict[tuple[int, int], int],
+def _check_shards(records: list[dict[str, Any]], last_generation: dict[tuple[int, int], Generation],
                   check: SampleCheck) -> None:
     """Each step's lines in the generation that trained it: one per rank of one world size, shards disjoint."""
     lines: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         position = (r["epoch"], r["step"])
-        if r["generation"] == last_generation[position]:
+        if r["_generation"] == last_generation[position]:
             lines[position].append(r)
     for (epoch, step), found in sorted(lines.items()):
         where = f"epoch {epoch} step {step} (generation {found[0]['generation']})"

@@ -32,8 +32,8 @@ from chaos.proof.expected import DataExpectation
 from chaos.proof.model_check import (
     TOLERANCE_RELATIVE_L2,
     ExpectedModel,
+    compare_states,
     exact_arithmetic,
-    parameter_l2,
     parameter_names,
     read_final_params,
     run_losses,
@@ -138,13 +138,18 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
             f"{verdict.final_digests}: the replay is not faithful on this machine, so no model check can be "
             f"trusted. Report this with the run directory")
     if not exact:  # DDP's built-in all-reduce on 3+ ranks sums in gloo's order: held to the model check's tolerance
-        parameters = parameter_names(config, expect)
-        relative = parameter_l2(_final_params(run_dir, verdict.final_digests), replayed.state, parameters)[1]
-        if relative is None or relative > TOLERANCE_RELATIVE_L2:
+        final = _final_params(run_dir, verdict.final_digests)
+        if final.keys() != replayed.state.keys():
+            raise ReferenceUnusable(f"the replay of the fault-free reference ({run_dir}) holds other tensors than "
+                                    f"the real run: no model check can be trusted. Report this with the run directory")
+        compared = compare_states(final, replayed.state, parameter_names(config, expect))
+        relative = compared.param_l2_relative
+        if not compared.within(TOLERANCE_RELATIVE_L2):
             raise ReferenceUnusable(
-                f"the replay of the fault-free reference ({run_dir}) ends {relative} (relative L2) from the real "
-                f"run's parameters, beyond the tolerance {TOLERANCE_RELATIVE_L2} for DDP's built-in all-reduce on "
-                f"3+ ranks: no model check can be trusted. Report this with the run directory")
+                f"the replay of the fault-free reference ({run_dir}) ends {relative} (relative L2; buffers "
+                f"{compared.buffer_l2_relative}, integer tensors differing {compared.integers_differ[:3]}) from the "
+                f"real run's, beyond the tolerance {TOLERANCE_RELATIVE_L2} for DDP's built-in all-reduce on 3+ "
+                f"ranks: no model check can be trusted. Report this with the run directory")
     return {"cache_key": run_dir.name.split(".tmp-")[0], "trajectory_key": job.trajectory_key(),
             "code_version": code_version(), "torch": torch.__version__, "steps": job.steps,
             "final_digest": verdict.final_digests[0], "world_size": plan[-1].world_size,

@@ -81,12 +81,13 @@ def _write_file(path: Path, data: bytes | memoryview, halfway: Sequence[Callable
     """Write and fsync `path`; with `halfway` callbacks, they run once half of `data` is written and flushed."""
     with open(path, "wb") as f:
         if halfway:
-            half = len(data) // 2
-            f.write(data[:half])
+            view = memoryview(data)
+            half = len(view) // 2
+            f.write(view[:half])
             f.flush()
             for callback in halfway:
                 callback()
-            data = data[half:]
+            data = view[half:]
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

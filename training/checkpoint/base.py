@@ -64,10 +64,14 @@ class CheckpointStrategy:
     name = "base"
 
     def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str,
-                 max_failures: int = DEFAULT_MAX_FAILURES, hooks: tuple[str, ...] = ()) -> None:
+                 max_failures: int = DEFAULT_MAX_FAILURES, hooks: tuple[str, ...] = (),
+                 write_hooks: tuple[Any, ...] = ()) -> None:
         self.root = Path(root)
         self.hooks = hooks
-        """`--hook` specs, for the process that writes (training.hooks.load_write_hooks)."""
+        """The `--hook` specs of the hooks that act inside a checkpoint write, for a writer process to load
+        (training.hooks.load_write_hooks)."""
+        self.write_hooks = write_hooks
+        """The same hooks as loaded in this process, for a commit written here (the blocking strategy)."""
         self.config_hash = config_hash
         self.keep = keep
         self.job_id = job_id
@@ -194,13 +198,15 @@ def _set_aside(rejected: list[tuple[Path, str]], log: Any) -> list[str]:
 
 
 def make_strategy(name: str, root: str | Path | None, *, config_hash: str, keep: int, job_id: str,
-                  max_failures: int = DEFAULT_MAX_FAILURES, hooks: tuple[str, ...] = ()) -> CheckpointStrategy | None:
-    """The strategy named on the command line (None for "none"); `hooks`: the `--hook` specs, loaded again by
-    whichever process writes the checkpoints."""
+                  max_failures: int = DEFAULT_MAX_FAILURES, hooks: tuple[str, ...] = (),
+                  write_hooks: tuple[Any, ...] = ()) -> CheckpointStrategy | None:
+    """The strategy named on the command line (None for "none"). `hooks`: the specs of the hooks with
+    `checkpoint_half_written`, which a writer process loads again (its factory gets None); `write_hooks`: those
+    hooks as loaded in this process, used when this process writes."""
     if name == "none" or root is None:
         return None
     kwargs: dict[str, Any] = {"config_hash": config_hash, "keep": keep, "job_id": job_id,
-                              "max_failures": max_failures, "hooks": tuple(hooks)}
+                              "max_failures": max_failures, "hooks": tuple(hooks), "write_hooks": tuple(write_hooks)}
     if name == "blocking":
         from training.checkpoint.blocking import BlockingCheckpoint
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import time
 
 from training.checkpoint import atomic
 from training.checkpoint.base import CheckpointStrategy, SaveStats
-from training.hooks import load_write_hooks
 from training.state import TrainState, serialize
 
 
@@ -16,9 +14,6 @@ class BlockingCheckpoint(CheckpointStrategy):
 
     name = "blocking"
 
-    @functools.cached_property
-    def _write_hooks(self) -> tuple[object, ...]:
-        return load_write_hooks(self.hooks)
 
     def save(self, state: TrainState, world_size: int) -> SaveStats:
         self.raise_if_failing()
@@ -27,7 +22,7 @@ class BlockingCheckpoint(CheckpointStrategy):
         serialized = time.perf_counter()
         try:
             atomic.commit(self.root, state.step, payload, world_size=world_size, config_hash=self.config_hash,
-                          strategy=self.name, keep=self.keep, hooks=self._write_hooks)
+                          strategy=self.name, keep=self.keep, hooks=self.write_hooks)
             durable = True
         except OSError as exc:  # full disk, read-only, I/O error: counted, never an in-process restart
             self._failed(state.step, exc)

@@ -45,9 +45,9 @@ class FlashCheckpoint(CheckpointStrategy):
     name = "flash"
 
     def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str, max_failures: int,
-                 hooks: tuple[str, ...] = ()) -> None:
+                 hooks: tuple[str, ...] = (), write_hooks: tuple[object, ...] = ()) -> None:
         super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures,
-                         hooks=hooks)
+                         hooks=hooks, write_hooks=write_hooks)
         slot = int(os.environ.get(SLOT_ENV, str(os.getpid())))
         self.directory = scratch.slot_dir(job_id, slot) / FLASH
         self._buffer: shm.SharedBuffer | None = None

@@ -26,9 +26,9 @@ class OverlappedCheckpoint(CheckpointStrategy):
     name = "overlapped"
 
     def __init__(self, root: Path, *, config_hash: str, keep: int, job_id: str, max_failures: int,
-                 max_inflight: int = 1, hooks: tuple[str, ...] = ()) -> None:
+                 max_inflight: int = 1, hooks: tuple[str, ...] = (), write_hooks: tuple[object, ...] = ()) -> None:
         super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures,
-                         hooks=hooks)
+                         hooks=hooks, write_hooks=write_hooks)
         self.root.mkdir(parents=True, exist_ok=True)
         hook_args = [arg for spec in hooks for arg in ("--hook", spec)]
         self._proc = subprocess.Popen(
