@@ -14,7 +14,6 @@ class BlockingCheckpoint(CheckpointStrategy):
 
     name = "blocking"
 
-
     def save(self, state: TrainState, world_size: int) -> SaveStats:
         self.raise_if_failing()
         started = time.perf_counter()
