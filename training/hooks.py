@@ -68,8 +68,17 @@ def load_hook(spec: str, config: Any) -> StepHook:
     return factory(config)
 
 
+def acts_in_writes(hook: object) -> bool:
+    """Whether `hook` acts inside a checkpoint write (it has `checkpoint_half_written`)."""
+    return hasattr(hook, "checkpoint_half_written")
+
+
+def hook_args(specs: tuple[str, ...] | list[str]) -> list[str]:
+    """`--hook SPEC` for each spec: a writer process's command line (its --hook is load_write_hooks')."""
+    return [arg for spec in specs for arg in ("--hook", spec)]
+
+
 def load_write_hooks(specs: tuple[str, ...] | list[str]) -> tuple[Any, ...]:
-    """The hooks of `specs` that act inside a checkpoint write (`checkpoint_half_written`), loaded in the process
-    that writes (a writer process has no training configuration: factories get None)."""
-    loaded = (load_hook(spec, None) for spec in specs)
-    return tuple(hook for hook in loaded if hasattr(hook, "checkpoint_half_written"))
+    """The hooks of `specs` that act inside a checkpoint write, loaded in the process that writes (a writer
+    process has no training configuration: factories get None)."""
+    return tuple(hook for hook in (load_hook(spec, None) for spec in specs) if acts_in_writes(hook))

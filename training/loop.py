@@ -20,7 +20,7 @@ from training.checkpoint.base import CheckpointStrategy, Loaded, SaveStats, load
 from training.config import TrainConfig
 from training.data import batch_hash, collate, make_dataset
 from training.heal import heal
-from training.hooks import StepContext, StepHook, load_hook
+from training.hooks import StepContext, StepHook, acts_in_writes, load_hook
 from training.ledger import Ledger
 from training.models import build_model, parameter_count
 from training.sampler import ResumableGlobalBatchSampler, derive_seed, ids_hash, local_batch
@@ -43,8 +43,7 @@ class Trainer:
         if config.ckpt_dir is not None:
             atomic.require_writable(Path(config.ckpt_dir))
         self.hooks: tuple[StepHook, ...] = tuple(load_hook(spec, config) for spec in config.hooks)
-        writes = [(spec, hook) for spec, hook in zip(config.hooks, self.hooks, strict=True)
-                  if hasattr(hook, "checkpoint_half_written")]  # hooks that act inside a checkpoint write
+        writes = [(spec, hook) for spec, hook in zip(config.hooks, self.hooks, strict=True) if acts_in_writes(hook)]
         self.checkpoint: CheckpointStrategy | None = make_strategy(
             config.ckpt_strategy, config.ckpt_dir, config_hash=self.config_hash, keep=config.ckpt_keep,
             job_id=config.job_id, max_failures=config.ckpt_max_failures,

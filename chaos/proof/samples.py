@@ -110,7 +110,7 @@ def check_samples(directory: str | Path, size: int, epochs: int) -> SampleCheck:
             per_epoch[r["epoch"]].update(r["ids"])
     check.steps = len(last_generation)
     check.world_sizes = [generations[g] for g in sorted(generations)]
-    _check_generations_follow_on(records, check)
+    _check_generations_follow_on(records, generations, check)
     _check_shards(records, last_generation, check)
     for (slot, pid), positions in per_process.items():
         back = [(a, b) for a, b in zip(positions, positions[1:], strict=False)
@@ -147,17 +147,17 @@ def _number_lives(records: list[dict[str, Any]]) -> None:
         r["_generation"] = (lives.setdefault(r.get("store", ""), len(lives)), r["generation"])
 
 
-def _check_generations_follow_on(records: list[dict[str, Any]], check: SampleCheck) -> None:
+def _check_generations_follow_on(records: list[dict[str, Any]], world: dict[Generation, int],
+                                 check: SampleCheck) -> None:
     """A line for step s means its rank committed every step before s. So once every rank of a generation wrote
-    its line for s, no later generation may start below s: it would train again steps all of them had committed."""
+    its line for s, no later generation may start below s: it would train again steps all of them had committed.
+    `world`: each generation's world size."""
     first: dict[Generation, tuple[int, int]] = {}
     ranks: dict[tuple[Generation, tuple[int, int]], set[int]] = defaultdict(set)
-    world: dict[Generation, int] = {}
     for r in records:
         position = (r["epoch"], r["step"])
         first[r["_generation"]] = min(first.get(r["_generation"], position), position)
         ranks[(r["_generation"], position)].add(r["rank"])
-        world[r["_generation"]] = r["world_size"]
     reached: dict[Generation, tuple[int, int]] = {}
     for (generation, position), who in ranks.items():
         if who >= set(range(world[generation])):

@@ -194,10 +194,11 @@ def reference_model(ref_dir: Path, summary: dict[str, Any],
         state = torch.load(params, weights_only=True, map_location="cpu")
     except Exception as exc:  # missing or unreadable: the evidence is gone
         raise ReferenceUnusable(f"the reference's final parameters {params} cannot be read ({exc}); {rebuild}") from exc
-    if state_digest(state) != summary["final_digest"]:
+    digest = state_digest(state)
+    if digest != summary["final_digest"]:
         raise ReferenceUnusable(f"the reference's final parameters {params} are not the ones it was verified with "
-                                f"(digest {state_digest(state)}, verified {summary['final_digest']}): the cache entry "
-                                f"was altered or damaged; {rebuild}")
+                                f"(digest {digest}, verified {summary['final_digest']}): the cache entry was altered "
+                                f"or damaged; {rebuild}")
     records = scan_ledgers(ref_dir / "logs").records
     plan = [StepPlan(world, reduction, tuple(threads)) for world, reduction, threads in summary["plan"]]
     return ExpectedModel("reference", summary["final_digest"], state, run_losses(records)), plan

@@ -28,6 +28,7 @@ from ftcoord.host.interpreter import module_command
 from training.checkpoint import atomic, shm
 from training.checkpoint.base import CheckpointStrategy, Loaded, SaveStats, load_latest
 from training.errors import CheckpointFailed
+from training.hooks import hook_args
 from training.state import TrainState
 
 PERSIST_WAIT_S = 600.0
@@ -100,7 +101,7 @@ class FlashCheckpoint(CheckpointStrategy):
         self._persister = subprocess.Popen(
             module_command("training.checkpoint.persister", "--shm", str(self.directory), "--root", str(self.root),
                            "--keep", str(self.keep), "--owner-pid", str(os.getpid()),
-                           *[arg for spec in self.hooks for arg in ("--hook", spec)]),
+                           *hook_args(self.hooks)),
             start_new_session=True,  # outlives this process: an in-flight persist still lands
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # holds no pipe of ours open
             stderr=open(self.directory / "persister.err", "ab"),  # noqa: SIM115 - the child owns it

@@ -17,6 +17,7 @@ from pathlib import Path
 from ftcoord.host.interpreter import module_command
 from training.checkpoint.base import CheckpointStrategy, SaveStats
 from training.errors import CheckpointFailed
+from training.hooks import hook_args
 from training.state import TrainState, serialize
 
 FLUSH_TIMEOUT_S = 600.0
@@ -30,9 +31,9 @@ class OverlappedCheckpoint(CheckpointStrategy):
         super().__init__(root, config_hash=config_hash, keep=keep, job_id=job_id, max_failures=max_failures,
                          hooks=hooks, write_hooks=write_hooks)
         self.root.mkdir(parents=True, exist_ok=True)
-        hook_args = [arg for spec in hooks for arg in ("--hook", spec)]
         self._proc = subprocess.Popen(
-            module_command("training.checkpoint.writer", "--root", str(self.root), "--keep", str(keep), *hook_args),
+            module_command("training.checkpoint.writer", "--root", str(self.root), "--keep", str(keep),
+                           *hook_args(hooks)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         self._slots = threading.Semaphore(max_inflight)
