@@ -6,6 +6,7 @@ import faulthandler
 import itertools
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# `ftcoord-store` counts its lives in a state file under $XDG_STATE_HOME: the suite's stay out of the home directory.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="ftcoord-tests-state-")
 
 from ftcoord import StoreServer  # noqa: E402
 from tests.helpers.cluster import Forker, Job  # noqa: E402

@@ -1,7 +1,8 @@
 """The store server of one chaos run, and the faults aimed at it (store-restart, store-hang).
 
 A run whose scenario faults the store runs it as its own process (`ftcoord-store`), so it can be SIGKILLed,
-started again empty on the same port, or SIGSTOPped like any server; other runs keep it in the runner.
+started again empty on the same port, or SIGSTOPped like any server; other runs keep it in the runner. Each of its
+servers counts its lives in the run's state file, as a deployed `ftcoord-store` does.
 
 A restart's outage is the fault's `duration` and then the new server's own start (Python and torch: seconds, more
 than a short outage asks for): each outage is timed to the new server's ready line, and the run's report says how
@@ -15,11 +16,13 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from chaos.own_code import start_worker
 from ftcoord import StoreProcess, StoreServer
 from ftcoord.host.reap import wait_killed
 from ftcoord.log import get_logger
+from ftcoord.store.server import state_arguments
 
 HOST = "127.0.0.1"
 
@@ -53,14 +56,20 @@ class Outage:
 
 
 class RunStore:
-    """One run's store: in this process, or a separate one that faults can reach."""
+    """One run's store: in this process, or a separate one that faults can reach.
 
-    def __init__(self, separate: bool) -> None:
+    Args:
+        separate: run it as its own process (a scenario that faults the store).
+        state_file: where a separate server counts its lives (ftcoord.store.boot); None: it keeps no count.
+    """
+
+    def __init__(self, separate: bool, state_file: Path | None = None) -> None:
         self._server: StoreServer | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._state_file = state_file
         self._log = get_logger(component="chaos_store")
         if separate:
-            started = StoreProcess.start(HOST, 0)
+            started = StoreProcess.start(HOST, 0, state_file=state_file)
             self._process = started.process  # type: ignore[assignment]
             self.address = started.address
         else:
@@ -105,7 +114,8 @@ class RunStore:
         self._restart_due = None
         outage = self.outages[-1]
         outage.started_at = time.monotonic()
-        self._process = start_worker("ftcoord.store.main", ["--host", HOST, "--port", str(self.port), "--quiet"],
+        self._process = start_worker("ftcoord.store.main", ["--host", HOST, "--port", str(self.port), "--quiet",
+                                                            *state_arguments(self._state_file)],
                                      stdout=subprocess.PIPE)
         self.restarts += 1
         self._log.warning("store_started_again", pid=self._process.pid, port=self.port, restarts=self.restarts)

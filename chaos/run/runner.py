@@ -112,7 +112,8 @@ class ChaosRunner:
         if self.out.exists():
             shutil.rmtree(self.out)
         (self.out / "logs").mkdir(parents=True)
-        server = self.server = RunStore(separate=any(f.kind in STORE_KINDS for _, f in self.faults))
+        server = self.server = RunStore(separate=any(f.kind in STORE_KINDS for _, f in self.faults),
+                                        state_file=self.out / "store.boot")
         # A scenario's name may say anything; a job id is a key prefix of a safe alphabet.
         job_id = f"chaos-{re.sub(r'[^A-Za-z0-9._-]+', '-', self.scenario.name)[:80]}-{uuid.uuid4().hex[:8]}"
         self._link = StoreLink(server.address, job_id)

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             config = LaunchConfig(**{**config.__dict__, "store": server.address})
             logger.info("embedded_store_ready", address=server.address)
         link = StoreLink(config.store, config.job_id, store_timeout=config.store_timeout_s,
-                         op_timeout=Timing().store_op_timeout)
+                         op_timeout=Timing().store_op_timeout, settles_counted=True)
         client = link.connect()
     except FtcoordError as exc:
         print(f"ftcoord-launch: {exc}", file=sys.stderr)

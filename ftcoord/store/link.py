@@ -30,6 +30,7 @@ from ftcoord.errors import FtcoordError, StoreLost, StoreUnavailable, Superseded
 from ftcoord.host import group_sockets
 from ftcoord.log import get_logger
 from ftcoord.store.address import StoreAddress, check_job_id
+from ftcoord.store.boot import BOOT_KEY, Boot
 from ftcoord.store.call_watch import UNANSWERED_OPS, CallWatch
 from ftcoord.store.client import KEY_PREFIX, get_or_none, timed_get
 
@@ -122,18 +123,22 @@ class StoreLink:
     stays away `store_timeout` seconds from the moment this process first noticed, every operation raises StoreLost,
     one line that names the address, how long it waited and what to do.
 
-    The instance. A restarted server is empty. The first process to reconnect to an empty store writes the epoch it
-    knew plus one (compare_set from absent; a process started by ftcoord-launch knows its launcher's instance from
-    FTCOORD_STORE_INSTANCE). Only a job's participants write epoch 0, for a job new to the store: a launcher or an
-    observer that knows no instance cannot tell a new job's store from a restarted one, and writes nothing.
-    Generation numbers of epoch e start above e * EPOCH_SPAN, so no number a lost instance may have decided is ever
-    decided again (ftcoord.protocol.generations.next_generation). A process that finds the next epoch rebuilds the
-    store from what it holds (`on_new_instance` callbacks: its registration, its generation's record, the leader's
-    term; ftcoord.protocol.restore), under the link's lock, before any of its other operations runs; one that finds
-    any other instance than its own or the next was cut off through more than one restart: it is superseded and
-    exits (its launcher replaces it). An operation retried in a new instance is the same operation; a write that
-    must not cross instances (a leader's record: its judgement was made on the old one) pins the instance it was
-    decided on, and raises StoreRestarted instead of being retried there.
+    The instance. A restarted server is empty. The first process to reconnect to an empty store writes the job's
+    next instance (compare_set from absent): its epoch is the server's boot (ftcoord.store.boot), or one more than
+    the epoch this process knew when that is higher (a server that keeps no count). With a counted boot every
+    process proposes the same epoch, so the order they come back in does not matter; a launcher writes it too. Without
+    one, only a job's participants write epoch 0, and a process that knows no instance (a launcher, an observer)
+    writes nothing: it cannot tell a new job's store from a restarted one. Generation numbers of epoch e start above
+    e * EPOCH_SPAN, so no number a lost instance may have decided is ever decided again
+    (ftcoord.protocol.generations.next_generation). A process that finds a later epoch rebuilds the store from what
+    it holds (`on_new_instance` callbacks: its registration, its generation's record, the leader's term;
+    ftcoord.protocol.restore), under the link's lock, before any of its other operations runs; one that finds an
+    epoch past the next, or its own epoch under another nonce, was cut off through a life of the store it knows
+    nothing of: it is superseded and exits (its launcher replaces it). An operation retried in a new instance is the
+    same operation; a write that must not cross instances (a leader's record: its judgement was made on the old one)
+    pins the instance it was decided on, and raises StoreRestarted instead of being retried there. `add` is at least
+    once: a call cut while the server hung may still run when it resumes, beside its retry; count with
+    ftcoord.protocol.tally, or with compare_set, wherever counting twice matters.
     """
 
     open_client: Callable[[StoreAddress, float], Any] = staticmethod(tcpstore_client)
@@ -143,7 +148,8 @@ class StoreLink:
 
     def __init__(self, address: StoreAddress | str, job_id: str, *, connect_timeout: float = 30.0,
                  store_timeout: float = 300.0, op_timeout: float = 10.0, known: Instance | None = None,
-                 may_start_job: bool = False, on_wait: Callable[[BaseException], None] | None = None) -> None:
+                 may_start_job: bool = False, settles_counted: bool = False,
+                 on_wait: Callable[[BaseException], None] | None = None) -> None:
         """A link to the store at `address` for one job; the first client comes from `connect()`.
 
         Args:
@@ -155,8 +161,10 @@ class StoreLink:
             op_timeout: how long a call may go unanswered beyond its own wait, in seconds (default 10;
                 Timing.store_op_timeout).
             known: the instance this process knows already (its launcher's); None: none.
-            may_start_job: whether a process that knows no instance may write epoch 0 into a store without one
-                (a job's participants; not a launcher or an observer).
+            may_start_job: whether a process that knows no instance may write the first instance into a store
+                without one (a job's participants; not a launcher or an observer).
+            settles_counted: whether a process that knows no instance writes it into a store whose server counts
+                its lives (a launcher: it then knows the instance from its start, and rebuilds after a restart).
             on_wait: `on_wait(error)`, called once when the first connection attempt fails (see
                 ftcoord.store.client.connect); None: nothing is called.
         """
@@ -167,6 +175,9 @@ class StoreLink:
         self.op_timeout = op_timeout
         self.instance: Instance | None = known
         self.may_start_job = may_start_job
+        self.settles_counted = settles_counted
+        self.boot: Boot | None = None
+        """The server's boot, as last read (None: not read yet, or a server that publishes none)."""
         self.instance_number = 0
         """Bumped each time this process moves to a new instance of the store."""
         self.lost: StoreLost | None = None
@@ -232,7 +243,7 @@ class StoreLink:
                 f"start one with `ftcoord-store --host {self.address.host} --port {self.address.port}` or check "
                 f"the address, the port and any firewall between here and there") from cause
         with self._lock:
-            self._settle_first(connection.view)
+            self._settle_first(connection.view, connection.raw)
         first = LinkedStore(self, True)
         first._connection = connection
         return first
@@ -353,26 +364,49 @@ class StoreLink:
 
     # -- the instance -----------------------------------------------------------------------
 
-    def _read_or_write_instance(self, view: dist.Store, proposal: Instance | None) -> Instance | None:
-        """The store's instance; when it has none, `proposal` is written first (None: nothing is written)."""
+    def _read_boot(self, base: Any) -> Boot | None:
+        """The server's boot; a server that has just started publishes it within milliseconds of serving, so a
+        missing one is waited for a moment (None then: a TCPStore that is not an ftcoord-store). A wait woken before
+        the key exists (TCPStore wakes waiters on any compare_set of it) reads b"" and waits on."""
+        deadline = time.monotonic() + min(2.0, self.op_timeout / 2)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                raw = timed_get(base, BOOT_KEY, max(left, 0.001))
+            except dist.DistStoreError:
+                return None
+            if raw:
+                self.boot = Boot.parse(raw)
+                return self.boot
+            if left <= 0:
+                return None
+
+    def _read_or_write_instance(self, view: dist.Store, base: Any, write: bool) -> Instance | None:
+        """The store's instance; when it has none and `write`, this process's proposal is written first (none:
+        nothing is written)."""
         raw = get_or_none(view, INSTANCE_KEY)
-        if raw is None and proposal is not None:
-            raw = view.compare_set(INSTANCE_KEY, "", str(proposal))
+        if raw is None and write:
+            proposal = self._proposal(self._read_boot(base))
+            if proposal is not None:
+                raw = view.compare_set(INSTANCE_KEY, "", str(proposal))
         return Instance.parse(raw) if raw is not None else None
 
-    def _proposal(self) -> Instance | None:
-        """What this process would write into a store without an instance: the next epoch after the one it
-        knows, or epoch 0 when it knows none and may start the job (a participant; a launcher or an
-        observer that knows nothing waits for one: it could not tell a new job from a restarted store)."""
+    def _proposal(self, boot: Boot | None) -> Instance | None:
+        """What this process would write into a store without an instance: the server's boot, or the epoch after the
+        one it knows when that is higher (a server without a count). A process that knows none writes only what it
+        can vouch for: a counted boot (a participant or a launcher), or epoch 0 (a participant: it starts the job)."""
+        floor = boot.number if boot is not None else 0
         if self.instance is not None:
-            return Instance.drawn(self.instance.epoch + 1)
-        return Instance.drawn(0) if self.may_start_job else None
+            return Instance.drawn(max(floor, self.instance.epoch + 1))
+        if self.may_start_job or (self.settles_counted and boot is not None and boot.counted):
+            return Instance.drawn(floor)
+        return None
 
-    def _settle_first(self, view: dist.Store) -> None:
+    def _settle_first(self, view: dist.Store, base: Any) -> None:
         """A process's first connection: adopt the store's instance, or write the next one after what
-        this process knows (its launcher's), or epoch 0 for a job new to this store."""
+        this process knows (its launcher's), or the first one of a job new to this store."""
         known = self.instance
-        self.instance = self._read_or_write_instance(view, self._proposal()) or known
+        self.instance = self._read_or_write_instance(view, base, True) or known
         if known is not None and self.instance != known:
             self._log.info("store_instance_newer_than_launcher", known=str(known), found=str(self.instance))
 
@@ -382,13 +416,13 @@ class StoreLink:
         if self.instance is None:
             with self._lock:
                 if self.instance is None:
-                    self.instance = self._read_or_write_instance(client.view(), None)
+                    self.instance = self._read_or_write_instance(client.view(), None, False)
         return self.instance
 
     def _settle_again(self, view: dist.Store, base: dist.TCPStore) -> None:
-        """After a reconnection: the same instance (a pause, a network cut: nothing was lost), the next one
+        """After a reconnection: the same instance (a pause, a network cut: nothing was lost), a later one
         (restarted: rebuild it), or one this process cannot vouch for (superseded)."""
-        found = self._read_or_write_instance(view, self._proposal())
+        found = self._read_or_write_instance(view, base, True)
         if self.instance is None or found is None:  # knew none (nothing to rebuild), or the store has none yet
             self.instance = self.instance or found
             return
@@ -402,14 +436,18 @@ class StoreLink:
             self._log.error("store_instance_stale", known=str(self.instance), found=str(found))
             raise Superseded(self.stale)
         self._log.warning("store_restarted", previous=str(self.instance), instance=str(found))
-        self.instance = found
-        self.instance_number += 1
+        previous, self.instance = self.instance, found
         try:
             for callback in self._callbacks:
                 callback(view, base)
         except Superseded as exc:
             self.stale = str(exc)
             raise
+        except BaseException:
+            self.instance = previous  # the next connection finds the new instance again, and rebuilds it whole
+            raise
+        # Only now: a thread that reads the new number (to pin its reads to it) finds what the callbacks reset.
+        self.instance_number += 1
 
 
 class LinkedStore:

@@ -9,10 +9,12 @@ import resource
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from ftcoord import arguments, log
 from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
-from ftcoord.errors import PortInUse
+from ftcoord.errors import ConfigError, PortInUse
+from ftcoord.store.boot import default_state_file
 from ftcoord.store.listen import bind_listen_socket
 
 _CONNECTIONS_WANTED = 65536  # ~5 per process (ftcoord.wrapper.participant's clients, a launcher's) for 10k+ ranks
@@ -51,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="interface to listen on; 0.0.0.0 exposes the store (no auth!) to the network")
     parser.add_argument("--port", type=arguments.port, default=DEFAULT_STORE_PORT,
                         help="TCP port; 0 picks a free one")
+    state = parser.add_mutually_exclusive_group()
+    state.add_argument("--state-file", type=Path, default=None,
+                       help="the file that counts the server's lives, so a server started again on it never reuses "
+                       "an epoch, whatever order a job's processes come back in (default: "
+                       "$XDG_STATE_HOME/ftcoord/store-HOST-PORT.boot, ~/.local/state when unset); keep it on a disk "
+                       "that outlives the server's host when the store may come back elsewhere")
+    state.add_argument("--no-state", action="store_true",
+                       help="keep no count: a restarted server is boot 0 again, and a job's epoch after a restart is "
+                       "the one its first returning process proposes (see docs/store.md)")
     parser.add_argument("--log-file", default=None, help="also write JSON-lines events here")
     parser.add_argument("--quiet", action="store_true", help="no terminal log (stdout ready line only)")
     return parser
@@ -72,14 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     log.configure(args.log_file, console=not args.quiet)
     logger = log.get_logger(component="store")
     open_files = raise_open_files()
-    server = StoreServer(args.host, sock.getsockname()[1], sock=sock)
+    port = sock.getsockname()[1]
+    state_file = None if args.no_state else args.state_file or default_state_file(args.host, port)
+    try:
+        server = StoreServer(args.host, port, sock=sock, state_file=state_file)
+    except ConfigError as exc:
+        print(f"ftcoord-store: {exc}", file=sys.stderr)
+        return 2
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     print(json.dumps({"event": "store_ready", "address": server.address, "host": server.host,
-                      "port": server.port, "pid": os.getpid(), "max_connections": open_files}), flush=True)
-    logger.info("store_ready", address=server.address, max_open_files=open_files)
+                      "port": server.port, "pid": os.getpid(), "max_connections": open_files,
+                      "boot": server.boot.number, "state_file": str(state_file) if state_file else None}), flush=True)
+    logger.info("store_ready", address=server.address, max_open_files=open_files, boot=server.boot.number,
+                state_file=str(state_file) if state_file else None)
     if open_files < _CONNECTIONS_WANTED:
         logger.warning("store_open_files_low", max_open_files=open_files, processes=open_files // 5,
                        what_to_do="raise the hard limit (ulimit -Hn, LimitNOFILE=) for jobs of more processes")

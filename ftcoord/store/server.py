@@ -2,7 +2,8 @@
 
 The server outlives every rank. It binds its own listening socket to the configured host (127.0.0.1 unless told
 otherwise) and hands it to TCPStore as `master_listen_fd`: left alone, TCPStore would listen on every interface,
-and the store has no authentication. The `ftcoord-store` command (ftcoord.store.main) runs a StoreServer.
+and the store has no authentication. It publishes its boot (ftcoord.store.boot) before it prints its ready line.
+The `ftcoord-store` command (ftcoord.store.main) runs a StoreServer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -20,6 +22,7 @@ from ftcoord.env import DEFAULT_STORE_HOST, DEFAULT_STORE_PORT
 from ftcoord.errors import StoreUnavailable
 from ftcoord.host.interpreter import module_command
 from ftcoord.host.reap import wait_killed
+from ftcoord.store.boot import BOOT_KEY, next_boot
 from ftcoord.store.listen import bind_listen_socket
 
 DEFAULT_HOST = DEFAULT_STORE_HOST
@@ -34,12 +37,17 @@ class StoreServer:
         port: the TCP port (default 29600; 0 picks a free one); ignored when `sock` is given (its port is used).
         sock: a socket already listening on host:port (ftcoord.store.listen.bind_listen_socket), which TCPStore
             owns from then on; None: one is bound here.
+        state_file: the file that counts this server's lives (ftcoord.store.boot), so a server started again with
+            the same file never reuses an epoch; None: no count is kept (boot 0 each time).
 
     Raises:
         PortInUse: the port is taken on that host (only when `sock` is None).
+        ConfigError: the state file holds something else than a boot number, or cannot be written.
     """
 
-    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sock: socket.socket | None = None) -> None:
+    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sock: socket.socket | None = None,
+                 state_file: Path | None = None) -> None:
+        self.boot = next_boot(state_file)  # a bad state file fails here, before anything is served
         sock = sock or bind_listen_socket(host, port)
         self.host = host
         self.port: int = sock.getsockname()[1]
@@ -53,6 +61,7 @@ class StoreServer:
             timeout=timedelta(seconds=30),
             use_libuv=True,
         )
+        self._store.set(BOOT_KEY, str(self.boot))  # a client that came first waits for it (ftcoord.store.link)
 
     @property
     def address(self) -> str:
@@ -75,7 +84,7 @@ class StoreProcess:
 
     @classmethod
     def start(cls, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0,
-              own_session: bool = False) -> StoreProcess:
+              own_session: bool = False, state_file: Path | None = None) -> StoreProcess:
         """Start `python -m ftcoord.store.main` and wait for its ready line.
 
         Args:
@@ -85,12 +94,14 @@ class StoreProcess:
             own_session: run it in a session of its own, so the kernel's scheduler (autogroups) shares the CPU
                 between it and the caller's session as between two hosts, not between its one thread and every
                 thread of the caller's (as `chaos bench --scale` needs).
+            state_file: the file that counts the server's lives (see StoreServer); None: none is kept.
 
         Raises:
             StoreUnavailable: no ready line came within `timeout` (the child is killed).
         """
         process = subprocess.Popen(
-            module_command("ftcoord.store.main", "--host", host, "--port", str(port), "--quiet"),
+            module_command("ftcoord.store.main", "--host", host, "--port", str(port), "--quiet",
+                           *state_arguments(state_file)),
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=own_session,
@@ -129,3 +140,8 @@ class StoreProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 wait_killed(self.process)
+
+
+def state_arguments(state_file: Path | None) -> list[str]:
+    """`ftcoord-store`'s arguments for a state file (None: `--no-state`)."""
+    return ["--state-file", str(state_file)] if state_file is not None else ["--no-state"]

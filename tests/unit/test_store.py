@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -86,9 +87,9 @@ def test_bad_job_id_is_refused(job_id: str) -> None:
         check_job_id(job_id)
 
 
-def run_cli(*args: str) -> subprocess.Popen[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "ftcoord.store.main", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def test_cli_port_zero_prints_the_port_and_stops_cleanly_on_sigterm() -> None:
@@ -105,6 +106,32 @@ def test_cli_port_zero_prints_the_port_and_stops_cleanly_on_sigterm() -> None:
             client.get("k")
     finally:
         proc.kill()
+
+
+def test_cli_counts_its_lives_in_the_default_state_file_and_refuses_a_damaged_one(tmp_path: Path) -> None:
+    """Two starts on one address: boots 0 and 1 in $XDG_STATE_HOME/ftcoord/store-HOST-PORT.boot; a damaged state
+    file is one line naming it and what to do, exit 2, and is left as it was."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    port = None
+    for expected in (0, 1):
+        proc = run_cli("--port", str(port or 0), "--quiet", env=env)
+        try:
+            assert proc.stdout is not None
+            ready = json.loads(proc.stdout.readline())
+            port = ready["port"]
+            assert ready["boot"] == expected, ready
+            assert ready["state_file"] == str(tmp_path / "ftcoord" / f"store-127.0.0.1-{port}.boot")
+        finally:
+            os.kill(proc.pid, signal.SIGTERM)
+            assert proc.wait(20) == 0
+    bad = tmp_path / "bad.boot"
+    bad.write_text("x\n")
+    proc = run_cli("--port", "0", "--quiet", "--state-file", str(bad))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [lines[0]] and f"the store's state file {bad} holds 'x', not a boot number" in lines[0], err
+    assert bad.read_text() == "x\n"
 
 
 def test_cli_taken_port_is_a_one_line_error() -> None:

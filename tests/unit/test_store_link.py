@@ -12,12 +12,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from ftcoord import Participant, QuorumPolicy, StoreProcess, StoreServer, pausepoints
 from ftcoord.config import Timing
-from ftcoord.errors import StoreLost, Superseded
+from ftcoord.errors import ConfigError, StoreLost, Superseded
 from ftcoord.host import group_sockets
 from ftcoord.host.process_state import stopped
 from ftcoord.protocol import keys, restore
@@ -39,11 +40,13 @@ def free_port() -> int:
 
 
 class Restartable:
-    """A store server on a fixed port that can die and come back empty."""
+    """A store server on a fixed port that can die and come back empty (counting its lives in `state_file`, when
+    given, as `ftcoord-store` does by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_file: Path | None = None) -> None:
         self.port = free_port()
-        self.server: StoreServer | None = StoreServer("127.0.0.1", self.port)
+        self.state_file = state_file
+        self.server: StoreServer | None = StoreServer("127.0.0.1", self.port, state_file=state_file)
         self.address = f"127.0.0.1:{self.port}"
 
     def kill(self) -> None:
@@ -52,7 +55,7 @@ class Restartable:
         self.server = None
 
     def start(self) -> None:
-        self.server = StoreServer("127.0.0.1", self.port)
+        self.server = StoreServer("127.0.0.1", self.port, state_file=self.state_file)
 
     def restart(self) -> None:
         self.kill()
@@ -61,7 +64,17 @@ class Restartable:
 
 @pytest.fixture
 def store() -> Iterator[Restartable]:
+    """A server that keeps no count of its lives (boot 0 each time)."""
     restartable = Restartable()
+    yield restartable
+    if restartable.server is not None:
+        restartable.server.close()
+
+
+@pytest.fixture
+def counted(tmp_path: Path) -> Iterator[Restartable]:
+    """A server that counts its lives in a state file."""
+    restartable = Restartable(tmp_path / "store.boot")
     yield restartable
     if restartable.server is not None:
         restartable.server.close()
@@ -432,3 +445,81 @@ def test_a_timed_get_counts_what_the_server_handles_and_rides_through_a_restart(
     writer.set("k", "after the restart")
     thread.join(15)
     assert found == [b"after the restart"]
+
+
+def test_a_replacement_that_knows_nothing_reaches_the_restarted_store_first_and_the_survivor_follows(
+        counted: Restartable, job_id: str) -> None:
+    """Issue 76, 1(a): the store restarts while a rank is dead; its replacement knows no instance (its launcher
+    learned none) and reaches the empty store first. On a server that counts its lives it writes the server's boot,
+    not epoch 0 (which would decide generation 1 again), and the survivor, who knew epoch 0, follows it and
+    rebuilds: nobody is superseded. Sabotage: a proposal that ignores the boot writes epoch 0 and supersedes the
+    survivor."""
+    survivor = link(counted, job_id)
+    survivor_client = survivor.connect()
+    assert survivor.instance.epoch == 0
+    rebuilt: list[int] = []
+    survivor.on_new_instance(lambda view, base: rebuilt.append(survivor.instance.epoch))
+    counted.restart()
+    replacement = StoreLink(counted.address, job_id, known=None, may_start_job=True)
+    replacement_client = replacement.connect()
+    assert replacement.instance.epoch == 1
+    assert next_generation(replacement_client, 0) == EPOCH_SPAN + 1
+    survivor_client.check([INSTANCE_KEY])
+    assert rebuilt == [1] and survivor.instance == replacement.instance and survivor.stale is None
+    survivor.close()
+    replacement.close()
+
+
+def test_a_process_paused_through_a_whole_store_life_supersedes_only_itself(counted: Restartable, job_id: str) -> None:
+    """Issue 76, 1(b): one process sleeps through a whole life of the store (epoch 1) and is the first to reach the
+    next one. It writes the server's boot (2), not its own next epoch (1, which the awake process used and may have
+    decided numbers in): it finds it cannot follow and is superseded; the awake process moves on to epoch 2 and
+    rebuilds. Sabotage: a proposal of known + 1 writes epoch 1 again and supersedes the awake process instead."""
+    awake, paused = link(counted, job_id), link(counted, job_id)
+    awake_client, paused_client = awake.connect(), paused.connect()
+    counted.restart()
+    awake_client.check([INSTANCE_KEY])
+    assert awake.instance.epoch == 1
+    counted.restart()
+    with pytest.raises(Superseded, match="does not follow"):
+        paused_client.check([INSTANCE_KEY])  # first to reach the third life
+    awake_client.check([INSTANCE_KEY])
+    assert awake.instance.epoch == 2 and awake.instance_number == 2 and awake.stale is None
+    assert next_generation(awake_client, EPOCH_SPAN + 7) == 2 * EPOCH_SPAN + 1
+    awake.close()
+    paused.close()
+
+
+def test_a_launcher_knows_the_instance_from_its_start_and_rebuilds_after_a_restart(
+        counted: Restartable, job_id: str) -> None:
+    """A launcher's link on a server that counts its lives settles the instance at connect (its first children
+    get it), and rebuilds like a participant when the store restarts; an observer still writes nothing."""
+    launcher = StoreLink(counted.address, job_id, settles_counted=True)
+    client = launcher.connect()
+    assert launcher.instance is not None and launcher.instance.epoch == 0
+    rebuilt: list[int] = []
+    launcher.on_new_instance(lambda view, base: rebuilt.append(launcher.instance.epoch))
+    counted.restart()
+    client.check([INSTANCE_KEY])
+    assert rebuilt == [1]
+    other = StoreLink(counted.address, f"{job_id}-other")
+    assert other.connect().check([INSTANCE_KEY]) is False and other.instance is None
+    launcher.close()
+    other.close()
+
+
+def test_a_server_counts_its_lives_in_its_state_file_and_refuses_a_damaged_one(tmp_path: Path) -> None:
+    state = tmp_path / "boot"
+    boots = []
+    for _ in range(3):
+        server = StoreServer("127.0.0.1", 0, state_file=state)
+        boots.append(server.boot)
+        server.close()
+    assert [b.number for b in boots] == [0, 1, 2] and all(b.counted for b in boots)
+    assert state.read_text() == "2\n"
+    assert not StoreServer("127.0.0.1", 0).boot.counted
+    state.write_text("two\n")
+    with pytest.raises(ConfigError, match=r"holds 'two', not a boot number; restore it, or pass another"):
+        StoreServer("127.0.0.1", 0, state_file=state)
+    assert state.read_text() == "two\n", "a damaged state file was overwritten"
+
