@@ -28,7 +28,7 @@ from chaos.scale.layout import freeze_startup_objects
 from ftcoord.config import QuorumPolicy, Timing
 from ftcoord.errors import FtcoordError
 from ftcoord.log import configure
-from ftcoord.protocol import keys
+from ftcoord.protocol import keys, tally
 from ftcoord.store.link import StoreLink
 from ftcoord.store.main import raise_open_files
 from ftcoord.wrapper.participant import Participant
@@ -93,8 +93,7 @@ class SimulatedRank:
                  t=time.monotonic())
             rank = record.rank_of(p.slot, p.incarnation)
             try:
-                if int(store.add(keys.arrived(record.generation), 1)) >= record.world_size:
-                    store.set(keys.all_arrived(record.generation), "1")
+                tally.arrive(store, record.generation, rank or 0, record.world_size)
                 store.set(keys.gloo_rendezvous(record.generation, rank or 0), b"\0" * GLOO_KEY_BYTES)
             except Exception as exc:  # noqa: BLE001 - reported, the driver decides
                 emit("left", slot=p.slot, reason=f"rendezvous: {exc}"[:300])

@@ -34,8 +34,11 @@ class JobRestarts:
         if number > self.carried_out:
             self.carried_out = number
             return number, False
-        self.carried_out = int(self._store.add(keys.JOB_RESTARTS, 1))
-        return self.carried_out, True
+        # compare_set, not add: a request retried through a store hang must not ask for two restarts
+        wanted = str(number + 1)
+        found = self._store.compare_set(keys.JOB_RESTARTS, str(number) if number else "", wanted).decode()
+        self.carried_out = int(found)
+        return self.carried_out, found == wanted
 
     def asked_elsewhere(self, now: float) -> int | None:
         """The number of a restart another launcher asked for and this one has not carried out (read every

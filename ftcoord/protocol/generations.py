@@ -178,8 +178,9 @@ def forget(store: dist.Store, generation: int) -> None:
     """Delete an old generation's keys, so a long job does not grow the store forever; its record becomes a
     tombstone, so it can never be written again (see ftcoord.leader.duty's module docstring).
 
-    A fixed number of keys per generation, plus the process group's rendezvous keys (one per member: gloo's
-    layout, keys.gloo_rendezvous); no key per joiner. Deleting a key that is not there costs one round trip."""
+    A fixed number of keys per generation, plus three per member (gloo's rendezvous key, keys.gloo_rendezvous, and
+    the member's marks of arrival and finish, ftcoord.protocol.tally); no key per joiner. Deleting a key that is not
+    there costs one round trip."""
     if generation < 1:
         return
     record = read_record(store, generation)
@@ -189,5 +190,7 @@ def forget(store: dist.Store, generation: int) -> None:
     for key in (keys.joiners(generation), keys.probe(generation), keys.interrupt(generation), keys.released(generation),
                 keys.addresses(generation), keys.evidence(generation), keys.finished(generation),
                 keys.arrived(generation), keys.all_arrived(generation),
-                *(keys.gloo_rendezvous(generation, rank) for rank in range(record.world_size if record else 0))):
+                *(keys.gloo_rendezvous(generation, rank) for rank in range(record.world_size if record else 0)),
+                *(keys.arrived_rank(generation, rank) for rank in range(record.world_size if record else 0)),
+                *(keys.finished_by(generation, slot) for slot in (record.members if record else ()))):
         store.delete_key(key)

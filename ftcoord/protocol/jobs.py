@@ -1,7 +1,7 @@
 """The jobs on a store, and what an observer needs to know about each (`ftcoord status`, metrics).
 
 Every job lists itself once in the store's index, the one key outside any job's prefix (every process
-tries when it registers; the first to bump the job's `listed` counter appends). Launchers do not: a
+tries when it registers; the first to set the job's `listed` key appends). Launchers do not: a
 job whose command line its processes refuse never registers, and leaves no trace in the index.
 
 A job's `info` holds the timing its first process ran with (so an observer knows how long a live
@@ -12,6 +12,7 @@ the effective-training-time ratio; nothing decides on it).
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any
 
@@ -28,8 +29,9 @@ FIRST_COMMIT = "first_commit"
 
 
 def list_job(base: dist.Store, job: dist.Store, job_id: str) -> None:
-    """Put the job in the store's index (once, whoever comes first)."""
-    if int(job.add(keys.LISTED, 1)) == 1:
+    """Put the job in the store's index (once, whoever comes first: a retried request finds its own token)."""
+    token = secrets.token_hex(8)
+    if job.compare_set(keys.LISTED, "", token).decode() == token:
         base.append(INDEX, f"{job_id},")
 
 

@@ -13,7 +13,7 @@ STOP = "stop"  # "generation:slot:incarnation" of the first process asked to sto
 FATAL = "fatal"  # the message of a fatal error: the whole job ends with it
 STOPPED = "stopped"  # the generation in which every member returned through should_stop
 INFO = "info"  # JSON: the job's heartbeat timing and start time, for observers (ftcoord.protocol.jobs)
-LISTED = "listed"  # counter: the first process to bump it lists the job in the store's index (ftcoord.protocol.jobs)
+LISTED = "listed"  # the first process to set it (a token of its own) lists the job in the store's index (protocol.jobs)
 # "instance" holds "epoch:nonce", which life of the store server this is: the store layer reads and writes it
 # (ftcoord.store.link.INSTANCE_KEY), below the protocol.
 INCIDENTS = "incidents"  # append-only JSON lines: what each generation change cost (ftcoord.protocol.slot_report)
@@ -128,8 +128,14 @@ def released(generation: int) -> str:
 
 
 def finished(generation: int) -> str:
-    """Counter of members whose function returned in this generation."""
+    """Hint of how many members' functions returned in this generation (ftcoord.protocol.tally: finished_by is the
+    truth)."""
     return f"gen/{generation}/finished"
+
+
+def finished_by(generation: int, slot: int) -> str:
+    """Set once when `slot`'s function returned in this generation: "done", or "stop" (it returned to stop)."""
+    return f"gen/{generation}/finished/{slot}"
 
 
 def addresses(generation: int) -> str:
@@ -143,9 +149,14 @@ def evidence(generation: int) -> str:
 
 
 def arrived(generation: int) -> str:
-    """Counter of members that reached the generation's rendezvous
-    (see ftcoord.wrapper.call.CallWrapper.init_process_group)."""
+    """Hint of how many members reached the generation's rendezvous (ftcoord.protocol.tally: arrived_rank is the
+    truth; see ftcoord.wrapper.call)."""
     return f"gen/{generation}/arrived"
+
+
+def arrived_rank(generation: int, rank: int) -> str:
+    """Set once when the member of `rank` reached the generation's rendezvous."""
+    return f"gen/{generation}/arrived/{rank}"
 
 
 def all_arrived(generation: int) -> str:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ftcoord.errors import Superseded
 from ftcoord.protocol import keys
-from ftcoord.protocol.generations import advance_current
+from ftcoord.protocol.generations import LeaderClaim, advance_current
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slots import ZERO_KEYS, registered_slots
 from ftcoord.store.client import raise_to
@@ -55,8 +55,18 @@ def record(store: dist.Store, held: GenerationRecord, interrupted: str | None) -
 
 def leader_term(store: dist.Store, claim: str | None, term: int) -> None:
     """The leader key again: the holder's claim, or the highest term this process saw, released ("term:released"),
-    so a term never goes back."""
-    store.compare_set(keys.LEADER, "", claim if claim is not None else f"{term}:released")
+    so a term never goes back: a lower term written back first (a process that fell behind) is replaced, and the
+    holder's claim replaces its own term released."""
+    mine = claim if claim is not None else f"{term}:released"
+    expected = ""
+    while True:
+        found = store.compare_set(keys.LEADER, expected, mine).decode()
+        if found == mine:
+            return
+        held = LeaderClaim.parse(found)
+        if held.term > term or (held.term == term and (claim is None or held.slot is not None)):
+            return
+        expected = found
 
 
 def ended(store: dist.Store, done: bytes | None, stopped: bytes | None, fatal: bytes | None) -> None:

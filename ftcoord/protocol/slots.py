@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ftcoord.protocol import keys
+from ftcoord.protocol import keys, tally
 from ftcoord.protocol.generations import newest_term
 from ftcoord.store.client import get_or_none, read_int
 from ftcoord.store.link import bounded_multi_get
@@ -19,9 +19,10 @@ ZERO_KEYS = (keys.dead, keys.left, keys.replacing, keys.progress, keys.fence)
 def register(store: dist.Store, slot: int) -> int:
     """Give this process a new incarnation of `slot` and list the slot in the job.
 
-    Returns the incarnation: it tells a restarted process apart from its ghost.
+    Returns the incarnation: it tells a restarted process apart from its ghost. One per start, however often a
+    request is retried (one process registers a slot at a time: its launcher starts the next after this one ended).
     """
-    incarnation = int(store.add(keys.incarnation(slot), 1))
+    incarnation = tally.increment(store, keys.incarnation(slot))
     # A slot's progress describes its newest incarnation: the one before may have stood still for long (it was
     # stuck, then fenced), and until this process's heartbeat publishes, that stillness would read as its own.
     store.set(keys.progress(slot), "0")

@@ -25,12 +25,12 @@ from ftcoord.errors import FtcoordError
 from ftcoord.host import group_sockets
 from ftcoord.liveness.group_release import GroupRelease
 from ftcoord.log import get_logger
-from ftcoord.protocol import evidence, keys
+from ftcoord.protocol import evidence, keys, tally
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.store.client import wait_for_key
 from ftcoord.store.link import LinkedStore
 from ftcoord.wrapper.heal import HealReport, heal
-from ftcoord.wrapper.participant import Participant
+from ftcoord.wrapper.participant import Arrival, Participant
 
 
 def _forget_failed_creation() -> None:
@@ -270,8 +270,7 @@ class CallWrapper:
             raise
         self._group = dist.group.WORLD
         if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.protocol.evidence)
-            evidence.publish_addresses(self.store, self.iteration, self.slot,
-                                       evidence.local_addresses(self._sockets))
+            self._participant.publish_addresses(self.iteration, evidence.local_addresses(self._sockets))
             monitor = self._participant.monitor
             self._release = GroupRelease(self.slot, self.iteration, self.members, self._sockets, monitor.wait,
                                          lambda: monitor.reason, self._participant.clone_store,
@@ -283,14 +282,17 @@ class CallWrapper:
     def _meet_members(self) -> None:
         """Wait until every member reached the rendezvous, leaving at once when the generation is interrupted.
 
+        Arrivals are marks (ftcoord.protocol.tally): exact when a request is retried, and made again by a member
+        still waiting when the store restarts (Participant.arrival), so a restart does not leave the others waiting.
+
         torch's rendezvous blocks in C++ until every rank connected or pg_timeout passed: a member that
         died between the decision and the rendezvous would cost every other member the whole timeout
         (60 s by default), deaf to the interrupt the leader raised for it. Meeting here first, in slices
         that look at the interrupt, makes that an ordinary in-process restart.
         """
         generation = self.iteration
-        if int(self.store.add(keys.arrived(generation), 1)) >= self.world_size:
-            self.store.set(keys.all_arrived(generation), "1")
+        arrival = self._participant.arrival = Arrival(generation, self.rank, self.world_size)
+        tally.arrive(self.store, generation, self.rank, self.world_size)
         deadline = time.monotonic() + self._pg_timeout.total_seconds()
         while not wait_for_key(self.store, keys.all_arrived(generation), 0.05):
             if self._participant.interrupted:
@@ -299,6 +301,7 @@ class CallWrapper:
             if time.monotonic() > deadline:
                 raise GenerationInterrupted(f"not every member of generation {generation} reached its rendezvous "
                                             f"within pg_timeout={self._pg_timeout.total_seconds():.0f}s")
+        arrival.met = True
 
     @contextlib.contextmanager
     def _cut_when_interrupted(self) -> Iterator[None]:

@@ -20,7 +20,7 @@ from ftcoord import pausepoints
 from ftcoord.config import Timing
 from ftcoord.errors import JobFailed, JobFinished, QuorumTimeout, Superseded
 from ftcoord.log import get_logger
-from ftcoord.protocol import keys, restore
+from ftcoord.protocol import keys, restore, tally
 from ftcoord.protocol.generations import (
     current_generation,
     is_end,
@@ -196,9 +196,9 @@ class GenerationClient:
 
     def _count_finished(self, store: dist.Store, record: GenerationRecord, stopping: bool) -> None:
         self._finished_in = (record, stopping)
-        finished = int(store.add(keys.finished(record.generation), 1))
-        if finished >= record.world_size:
-            if stopping:
+        ended = tally.finish(store, record.generation, self.slot, record.members, stopping)
+        if ended is not None:
+            if ended == "stop":
                 store.set(keys.STOPPED, str(record.generation))
                 self._log.info("job_stopped", generation=record.generation)
             else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -23,13 +24,24 @@ from ftcoord.liveness.helper_watch import HelperWatch, exit_process
 from ftcoord.liveness.interrupt_watch import InterruptWatch
 from ftcoord.liveness.still_stack import StillStack
 from ftcoord.log import get_logger
-from ftcoord.protocol import jobs, keys, restore
+from ftcoord.protocol import evidence, jobs, keys, restore, tally
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slot_report import SlotReport
 from ftcoord.protocol.slots import register, superseded_by
 from ftcoord.store.address import StoreAddress
 from ftcoord.store.link import LinkedStore, StoreLink, instance_from_env
 from ftcoord.wrapper.generation_client import GenerationClient
+
+
+@dataclass
+class Arrival:
+    """This process at its generation's rendezvous (ftcoord.wrapper.call): its rank there, and whether it saw every
+    member arrive; what it writes back when the store restarts meanwhile."""
+
+    generation: int
+    rank: int
+    world_size: int
+    met: bool = False
 
 
 class Participant:
@@ -93,6 +105,9 @@ class Participant:
         self.progress_timeout = self.timing.default_progress_timeout if progress_timeout is None else progress_timeout
         self.incarnation = 0
         self.record: GenerationRecord | None = None
+        self.arrival: Arrival | None = None
+        """This process at its generation's rendezvous (set there); what a restarted store is told again."""
+        self._published: tuple[int, list[str]] | None = None
         self._on_helper_failure = on_helper_failure
         self.launched = env.launched() if launched is None else launched
         self.link: StoreLink | None = None
@@ -117,6 +132,7 @@ class Participant:
         self.store = self.link.connect()
         base = self.link.client(prefixed=False)
         self.incarnation = register(self.store, self.slot)
+        self.link.on_new_instance(self._rebuild)  # before anything else: a restart from here on is told all we hold
         jobs.list_job(base, self.store, self.job_id)
         base.close()  # one connection fewer per process for the rest of its life (the store's descriptors, at scale)
         jobs.describe(self.store, self.timing)
@@ -150,7 +166,6 @@ class Participant:
         self.leader.start()
         self.monitor.start()
         self.watch.start()
-        self.link.on_new_instance(self._rebuild)
         self._log.info("participant_started", job_id=self.job_id, store=str(self.address),
                        store_instance=str(self.link.instance))
         return self
@@ -164,17 +179,47 @@ class Participant:
         return max(every, self.timing.heartbeat_interval)
 
     def _rebuild(self, store: dist.Store, base: dist.Store) -> None:
-        """The store came back empty: write back what this process holds (see ftcoord.protocol.restore)."""
+        """The store came back empty: write back what this process holds (see ftcoord.protocol.restore): also
+        while `start` is still making its helpers (those not made yet hold nothing)."""
         restore.slot(store, self.slot, self.incarnation)
         record = self.record
         if record is not None:
             restore.record(store, record, self.monitor.reason if self.monitor.fired else None)
+            self._rebuild_group(store, record.generation)
         jobs.list_job(base, store, self.job_id)
         jobs.describe(store, self.timing)
-        self.generations.rebuild(store)
-        self.leader.rebuild(store, record)
-        self.heartbeat.rebuild()
+        if hasattr(self, "generations"):
+            self.generations.rebuild(store)
+        if hasattr(self, "leader"):
+            self.leader.rebuild(store, record)
+        if hasattr(self, "heartbeat"):
+            self.heartbeat.rebuild()
         self._log.info("store_rebuilt", generation=record.generation if record else None)
+
+    def _rebuild_group(self, store: dist.Store, generation: int) -> None:
+        """This member's part of its generation's group: its arrival at the rendezvous (every member saw them all,
+        or it arrives again), and the published ends of its connections, so a peer's death after the restart is
+        named by its peers' evidence as fast as before it (ftcoord.protocol.evidence)."""
+        arrival = self.arrival
+        if arrival is not None and arrival.generation == generation:
+            if arrival.met:
+                store.set(keys.all_arrived(generation), "1")
+            else:
+                tally.arrive(store, generation, arrival.rank, arrival.world_size)
+        published = self._published
+        if published is not None and published[0] == generation:
+            evidence.publish_addresses(store, generation, self.slot, published[1])
+
+    def publish_addresses(self, generation: int, addresses: list[str]) -> None:
+        """Publish this member's end of its group's connections (ftcoord.protocol.evidence.publish_addresses), and
+        again when the store restarts.
+
+        Args:
+            generation: the generation whose group formed.
+            addresses: this member's "host:port" ends of the group's connections.
+        """
+        self._published = (generation, addresses)
+        evidence.publish_addresses(self.store, generation, self.slot, addresses)
 
     def _clone(self) -> LinkedStore:
         assert self.link is not None

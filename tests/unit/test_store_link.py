@@ -21,13 +21,14 @@ from ftcoord.config import Timing
 from ftcoord.errors import ConfigError, StoreLost, Superseded
 from ftcoord.host import group_sockets
 from ftcoord.host.process_state import stopped
-from ftcoord.protocol import keys, restore
+from ftcoord.protocol import keys, restore, tally
 from ftcoord.protocol.generations import EPOCH_SPAN, next_generation, read_record
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slots import register
 from ftcoord.store.client import get_or_none, wait_get
 from ftcoord.store.link import INSTANCE_KEY, Instance, LinkedStore, StoreLink, StoreRestarted
 from ftcoord.wrapper.generation_client import GenerationClient
+from ftcoord.wrapper.participant import Arrival
 from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -523,3 +524,41 @@ def test_a_server_counts_its_lives_in_its_state_file_and_refuses_a_damaged_one(t
         StoreServer("127.0.0.1", 0, state_file=state)
     assert state.read_text() == "two\n", "a damaged state file was overwritten"
 
+
+def test_a_member_waiting_at_the_rendezvous_arrives_again_in_a_restarted_store(counted: Restartable,
+                                                                               job_id: str) -> None:
+    """Rank 0 reached generation 9's rendezvous and waits for rank 1 when the store restarts: its arrival is lost
+    with the store, so it arrives again as it rebuilds, and rank 1, arriving in the new store, completes the
+    rendezvous. Sabotage: without the arrival written back, rank 1 reads 1 of 2 and both wait until pg_timeout.
+    A member that had seen everyone arrive writes all_arrived back instead."""
+    fast = Timing(heartbeat_interval=0.1, heartbeat_timeout=1.0, join_timeout=0.3, barrier_timeout=10.0)
+    member = Participant(counted.address, job_id, 0, QuorumPolicy(1), fast, on_helper_failure=lambda reason: None)
+    member.start()
+    try:
+        member.record = record(9)
+        member.arrival = Arrival(9, 0, 2)
+        assert tally.arrive(member.store, 9, 0, 2) is False
+        counted.restart()
+        member.store.check([INSTANCE_KEY])  # moves to the new instance, and rebuilds it
+        assert member.link.instance.epoch == 1
+        other = link(counted, job_id).connect()
+        assert tally.arrive(other, 9, 1, 2) is True
+        assert get_or_none(other, keys.all_arrived(9)) == b"1"
+        member.arrival.met = True
+        counted.restart()
+        member.store.check([INSTANCE_KEY])
+        assert get_or_none(member.store, keys.all_arrived(9)) == b"1"
+    finally:
+        member.close()
+
+
+def test_the_leader_key_written_back_never_goes_back_to_an_older_term(store: Restartable, job_id: str) -> None:
+    """A process that fell behind writes back term 3 first; the holder of term 5 then replaces it (compare_set from
+    absent alone left term 3 there, and a takeover claimed term 4 again); a lower term after it changes nothing."""
+    client = link(store, job_id).connect()
+    restore.leader_term(client, None, 3)
+    restore.leader_term(client, "5:2:1", 5)
+    assert get_or_none(client, keys.LEADER) == b"5:2:1"
+    restore.leader_term(client, None, 4)
+    restore.leader_term(client, None, 5)
+    assert get_or_none(client, keys.LEADER) == b"5:2:1"
