@@ -132,9 +132,12 @@ class StoreLink:
     e * EPOCH_SPAN, so no number a lost instance may have decided is ever decided again
     (ftcoord.protocol.generations.next_generation). A process that finds a later epoch rebuilds the store from what
     it holds (`on_new_instance` callbacks: its registration, its generation's record, the leader's term;
-    ftcoord.protocol.restore), under the link's lock, before any of its other operations runs; one that finds an
-    epoch past the next, or its own epoch under another nonce, was cut off through a life of the store it knows
-    nothing of: it is superseded and exits (its launcher replaces it). An operation retried in a new instance is the
+    ftcoord.protocol.restore), under the link's lock, before any of its other operations runs, also when it slept
+    through lives of the store in between: what it holds is older than what others hold, as a paused process's is,
+    and every write back only moves forward (records from absent, `gen/current` and terms up, incarnations raised).
+    One that finds its own epoch under another nonce, or an older one, reached a store whose first returning process
+    proposed an epoch already used (a server without a count): it is superseded and exits (its launcher replaces
+    it), since a number it decides may have been decided before. An operation retried in a new instance is the
     same operation; a write that must not cross instances (a leader's record: its judgement was made on the old one)
     pins the instance it was decided on, and raises StoreRestarted instead of being retried there. `add` is at least
     once: a call cut while the server hung may still run when it resumes, beside its retry; count with
@@ -420,19 +423,20 @@ class StoreLink:
         return self.instance
 
     def _settle_again(self, view: dist.Store, base: dist.TCPStore) -> None:
-        """After a reconnection: the same instance (a pause, a network cut: nothing was lost), a later one
-        (restarted: rebuild it), or one this process cannot vouch for (superseded)."""
+        """After a reconnection: the same instance (a pause, a network cut: nothing was lost), a later epoch
+        (restarted, once or more: rebuild it), or one this process cannot vouch for (superseded)."""
         found = self._read_or_write_instance(view, base, True)
         if self.instance is None or found is None:  # knew none (nothing to rebuild), or the store has none yet
             self.instance = self.instance or found
             return
         if found == self.instance:
             return
-        if found.epoch != self.instance.epoch + 1:
+        if found.epoch <= self.instance.epoch:
             self.stale = (f"the store at {self.address} holds instance {found} of this job, which does not follow "
-                          f"the one this process knew ({self.instance}): the store was restarted more than once "
-                          f"while this process was cut off, or a process that knew nothing of the job reached it "
-                          f"first; what this process holds may be decided again, so it exits without taking part")
+                          f"the one this process knew ({self.instance}): the store came back without its count of "
+                          f"its lives (ftcoord-store --state-file), and a process that knew an older epoch, or none, "
+                          f"reached it first; numbers this process decides may have been decided before, so it exits "
+                          f"without taking part")
             self._log.error("store_instance_stale", known=str(self.instance), found=str(found))
             raise Superseded(self.stale)
         self._log.warning("store_restarted", previous=str(self.instance), instance=str(found))

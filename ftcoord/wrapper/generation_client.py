@@ -111,10 +111,15 @@ class GenerationClient:
             pausepoints.reached(pausepoints.JOIN_ANNOUNCED)
             record = self._wait_record(generation, announced_in)
             if record is _NEW_INSTANCE:
-                current = self.current()
-                self._log.info("join_again_after_store_restart", generation=generation, current=current)
-                generation, previous = next_generation(self._store, current), self.record(current)
-                continue
+                # Decided before the restart and written back by a member that read it: this process is one of the
+                # members waiting for it at its rendezvous, not a joiner of a later number.
+                rebuilt = self.record(generation)
+                if rebuilt is None or rebuilt.rank_of(self.slot, self.incarnation) is None:
+                    current = self.current()
+                    self._log.info("join_again_after_store_restart", generation=generation, current=current)
+                    generation, previous = next_generation(self._store, current), self.record(current)
+                    continue
+                record = rebuilt
             if record is None:  # decided and forgotten while we were paused: catch up with the newest
                 self._log.info("generation_forgotten", generation=generation)
                 generation, previous = next_generation(self._store, max(generation, self.current())), None
