@@ -78,7 +78,7 @@ class LeaderDuty:
         self._open: dict[int, OpenClock] = {}
         self._closed_in: GenerationRecord | None = None
         self._round_instance = 0  # the store instance this round's observations come from
-        self._rebuilt = threading.Event()  # the store restarted: forget what was fenced and asked there
+        self._rebuilt = threading.Event()  # the store restarted: forget what was asked there
         self._records: dict[int, GenerationRecord | None] = {}  # the last records read (immutable once written)
         self._interrupted: int | None = None  # a generation this leader saw interrupted
         self._quiet: int | None = None  # the generation its last wait found running, or it decided since (_write)
@@ -219,8 +219,11 @@ class LeaderDuty:
             self._tell_watch()
 
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
-        """The store restarted (ftcoord.protocol.restore): write back the leader's term; forget fences and probes."""
+        """The store restarted (ftcoord.protocol.restore): write back the leader's term and its fences; forget its
+        probes (this process asks again on what the new store shows)."""
         self._election.rebuild(store, record)
+        if self._election.claim is not None:
+            self._judge.write_back_fences(store, self._election.claim.term)
         self._rebuilt.set()
 
     def note_closed(self, record: GenerationRecord) -> None:

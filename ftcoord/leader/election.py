@@ -121,9 +121,15 @@ class Election:
         self.claim = None
 
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
-        """The store restarted (ftcoord.protocol.restore): write back the newest term known (a term only grows)."""
+        """The store restarted (ftcoord.protocol.restore): write back the newest term known (a term only grows): our
+        claim, or as a follower the holder's claim we last read when it is of that term. Not "term:released" then:
+        that hands the lead over at once, and a follower that came back first would depose a live leader (whose
+        fences and judgement would go with it)."""
         claim = self.claim
         term = max(self._terms_seen, claim.term if claim else 0, record.leader_term if record else 0)
+        holder = self._holder
+        if claim is None and holder is not None and holder.slot is not None and holder.term == term:
+            claim = holder
         restore.leader_term(store, str(claim) if claim is not None else None, term)
 
     def forget_holder(self) -> None:

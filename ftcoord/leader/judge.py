@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ftcoord.config import FENCE_ANSWER_S, Timing
 from ftcoord.liveness.heartbeat import LivenessObserver
-from ftcoord.protocol import evidence, keys
+from ftcoord.protocol import evidence, keys, restore
 from ftcoord.protocol.generations import read_announcements, read_record
 from ftcoord.protocol.keys import GONE, HEARTBEAT_STALE, HUNG
 from ftcoord.protocol.nodes import NodeMap
@@ -61,9 +61,22 @@ class Judge:
         while it joins) judges the leader then, as one that looked every tick did."""
         return self.sooner(self.probe.wait_at_most(self._timing.probe_grace, seconds))
 
+    def write_back_fences(self, store: dist.Store, term: int) -> None:
+        """The store restarted: write back the fences this leader issued (the term it leads in now), unless the slot's
+        key names a later incarnation. A fenced process that slept through the restart (its node paused or cut off)
+        wakes to a store that no longer says so: without its fence its launcher would not replace it, and it would
+        wait as a spare, left out of the generation that declared it dead, for good.
+
+        Args:
+            store: the restarted store (a rebuild's view of it).
+            term: the term this leader holds.
+        """
+        for slot, incarnation in list(self.fenced):
+            restore.fence(store, slot, term, incarnation)
+
     def rebuilt(self) -> None:
-        """The store restarted: what was fenced and asked there is gone; fence and ask again."""
-        self.fenced.clear()
+        """The store restarted: what was asked there is gone; ask again. The fences stay known (write_back_fences wrote
+        them back, and does so again at the next restart: a fenced process may sleep through more than one)."""
         self.probe = evidence.Probe(self._store)
 
     def observe(self, facts: dict[int, SlotFacts], read_at: float, replacing: bool = True) -> None:

@@ -18,7 +18,7 @@ from ftcoord.errors import Superseded
 from ftcoord.protocol import keys
 from ftcoord.protocol.generations import LeaderClaim, advance_current
 from ftcoord.protocol.record import GenerationRecord
-from ftcoord.protocol.slots import ZERO_KEYS, registered_slots
+from ftcoord.protocol.slots import ZERO_KEYS, parse_fence, registered_slots
 from ftcoord.store.client import raise_to
 
 
@@ -51,6 +51,17 @@ def record(store: dist.Store, held: GenerationRecord, interrupted: str | None) -
     if held.failed is None:
         for member, incarnation in zip(held.members, held.incarnations, strict=True):
             slot(store, member, incarnation)
+
+
+def fence(store: dist.Store, slot_id: int, term: int, incarnation: int) -> None:
+    """A leader's fence again ("term:incarnation", ftcoord.leader.judge), unless the slot's key already names that
+    incarnation or a later one (a registration writes "0" first: that names none)."""
+    wanted, expected = f"{term}:{incarnation}", ""
+    while True:
+        found = store.compare_set(keys.fence(slot_id), expected, wanted).decode()
+        if found == wanted or parse_fence(found.encode())[1] >= incarnation:
+            return
+        expected = found
 
 
 def leader_term(store: dist.Store, claim: str | None, term: int) -> None:

@@ -21,10 +21,12 @@ from ftcoord.config import Timing
 from ftcoord.errors import ConfigError, StoreLost, Superseded
 from ftcoord.host import group_sockets
 from ftcoord.host.process_state import stopped
+from ftcoord.leader.judge import Judge
+from ftcoord.log import get_logger
 from ftcoord.protocol import keys, restore, tally
 from ftcoord.protocol.generations import EPOCH_SPAN, next_generation, read_record
 from ftcoord.protocol.record import GenerationRecord
-from ftcoord.protocol.slots import register
+from ftcoord.protocol.slots import fenced, register
 from ftcoord.store.client import get_or_none, wait_get
 from ftcoord.store.link import INSTANCE_KEY, Instance, LinkedStore, StoreLink, StoreRestarted
 from ftcoord.wrapper.generation_client import GenerationClient
@@ -612,3 +614,21 @@ def test_the_leader_key_written_back_never_goes_back_to_an_older_term(store: Res
     restore.leader_term(client, None, 5)
     assert get_or_none(client, keys.LEADER) == b"5:2:1"
 
+
+def test_a_leaders_fences_are_written_back_and_never_lowered(counted: Restartable, job_id: str) -> None:
+    """The leader fenced slot 2 (incarnation 1) and the store restarted: its launcher, paused through it, would wake to
+    a store that no longer says so, and its process would wait as a spare, left out for good. The leader writes the
+    fence back at each restart, over the "0" a registration wrote, never over a fence of a later incarnation."""
+    client = link(counted, job_id).connect()
+    judge = Judge(client, Timing(), None, get_logger(component="test"))
+    assert judge._fence(2, 1, "test", 3) and judge._fence(4, 5, "test", 3)
+    for _ in range(2):
+        counted.restart()
+        view = client.view()
+        restore.slot(view, 2, 1)  # the launcher or the process, first: its fence key reads "0"
+        view.set(keys.fence(4), "3:6")  # a later incarnation of slot 4 was fenced since
+        judge.write_back_fences(view, 3)
+        judge.rebuilt()
+        assert get_or_none(client, keys.fence(2)) == b"3:1"
+        assert get_or_none(client, keys.fence(4)) == b"3:6"
+    assert fenced(client, 2, 1) is not None
