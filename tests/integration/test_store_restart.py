@@ -120,3 +120,47 @@ def test_a_fault_aimed_at_the_leader_during_a_store_outage_waits_for_the_store_t
     back = min(e["mono"] for e in read_logs(tmp_path / "leader-in-outage" / "logs", ("store_back",))
                if e["mono"] > faults["store-restart"]["mono"])
     assert back - faults["store-restart"]["mono"] >= away - 0.05, (back, faults["store-restart"])
+
+
+def test_a_rank_killed_after_a_restart_is_named_by_its_peers_evidence(tmp_path: Path) -> None:
+    """The bundled store-restart-kill scenario: the store restarts, then a rank is killed in the same generation. Its
+    peers' failed collectives name it (`closed=1` in the generation's cause), since every member published the ends
+    of its group's connections again as it rebuilt the store; before, those were lost with the store and the
+    evidence named nobody (`closed=?`), leaving the leader the heartbeat timeout to go on."""
+    report = run("store-restart-kill", tmp_path)
+    assert [f["kind"] for f in report["faults"]] == ["store-restart", "kill"]
+    [incident] = report["incidents"]
+    assert incident["cause"].endswith(":closed=1"), incident
+    logs = tmp_path / "store-restart-kill" / "logs"
+    assert not read_logs(logs, ("store_instance_stale",)), "a process was superseded by the restart"
+
+
+@pytest.mark.slow  # one more restart scenario (45 s); store-restart-kill above stays in the default set
+def test_a_replacement_and_its_survivors_agree_on_the_restarted_stores_epoch(tmp_path: Path) -> None:
+    """The bundled store-restart-nodes scenario: one rank per node; a rank is killed and the store restarted at the
+    same step, so its replacement (which may know no instance) and the survivors reach the new store in any order.
+    They all move to epoch 1, the server's count of its lives; nobody is superseded; the verifier passes."""
+    report = run("store-restart-nodes", tmp_path)
+    logs = tmp_path / "store-restart-nodes" / "logs"
+    assert not read_logs(logs, ("store_instance_stale",)), "a process was superseded by the restart"
+    assert {r["instance"].split(":")[0] for r in read_logs(logs, ("store_restarted",))} == {"1"}
+    decided = read_logs(logs, ("generation_decided",))
+    restarted_at = min(r["mono"] for r in read_logs(logs, ("store_restarted",)))
+    # The kill is decided in the old store (before it died) or in the new one: there never with an old number.
+    assert any(r["generation"] > EPOCH_SPAN for r in decided), decided
+    assert all(r["generation"] > EPOCH_SPAN for r in decided if r["mono"] > restarted_at), decided
+    assert report["restarts"] == 2
+
+
+@pytest.mark.slow  # a 14 s partition and two restarts (50 s)
+def test_a_node_asleep_through_a_whole_store_life_rebuilds_and_the_job_grows_back(tmp_path: Path) -> None:
+    """The bundled store-restart-partition scenario: a single-rank node is SIGSTOPped (launcher and rank) for 14 s while
+    the store is restarted twice. It wakes two epochs past the one it knew and rebuilds like the others instead of
+    exiting superseded (before: its launcher and rank were, and the run did not finish in 600 s); the leader wrote
+    its fence back at each restart, so its launcher replaces the fenced rank and the job grows back to 3."""
+    report = run("store-restart-partition", tmp_path)
+    logs = tmp_path / "store-restart-partition" / "logs"
+    assert not read_logs(logs, ("store_instance_stale",)), "a process was superseded by the restarts"
+    assert {r["instance"].split(":")[0] for r in read_logs(logs, ("store_restarted",))} == {"1", "2"}
+    partition = report["faults"][0]
+    assert partition["kind"] == "partition" and partition["full_recover_s"] is not None, report["faults"]  # 3 again
