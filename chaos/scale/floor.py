@@ -57,7 +57,8 @@ def _client_rounds(store: Any, variant: str, rounds: int, ends: list[float], slo
         if variant in ("ftcoord_requests", "every_request"):
             # the monitor, released: no read (ftcoord.liveness.interrupt_watch)
             store.wait([_key(variant, r, "probe")], _WAIT)
-            store.add(_key(variant, r, "arrived"), 1)  # the rendezvous counts the member in
+            store.compare_set(_key(variant, r, f"arrived/{slot}"), "", "1")  # the rendezvous marks the member in
+            store.add(_key(variant, r, "arrived"), 1)  # and counts it on the hint (ftcoord.protocol.tally)
         if variant == "every_request":  # the process group's own rendezvous: gloo's address key
             store.set(_key(variant, r, f"address/{slot}"), b"\0" * GLOO_KEY_BYTES)
         ends[r] = max(ends[r], time.monotonic())

@@ -36,6 +36,7 @@ from ftcoord.launcher.standby_template import PythonCommand, unsupported
 from ftcoord.liveness.heartbeat import mark_dead
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys, launcher_report, restore
+from ftcoord.protocol.generations import started
 from ftcoord.protocol.spares import SPARE_SLOT_BASE
 from ftcoord.store.client import get_or_none, read_int
 
@@ -296,7 +297,7 @@ class Supervisor:
         print(f"ftcoord-launch: {message}; not restarting. Fix the command and launch again.", file=sys.stderr)
         self._log.error("child_configuration_error", slot=slot.slot, pid=pid)
         self._kill_all()
-        if self.store.check([keys.record(1)]):
+        if started(self.store):
             self.store.compare_set(keys.FATAL, "", message)
         else:
             self._forget_unstarted_job()

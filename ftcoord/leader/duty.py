@@ -221,9 +221,9 @@ class LeaderDuty:
     def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
         """The store restarted (ftcoord.protocol.restore): write back the leader's term and its fences; forget its
         probes (this process asks again on what the new store shows)."""
-        self._election.rebuild(store, record)
-        if self._election.claim is not None:
-            self._judge.write_back_fences(store, self._election.claim.term)
+        claim = self._election.claim
+        if self._election.rebuild(store, record) and claim is not None:  # the store holds our claim
+            self._judge.write_back_fences(store, claim.term)
         self._rebuilt.set()
 
     def note_closed(self, record: GenerationRecord) -> None:

@@ -43,6 +43,7 @@ class Election:
         self.claim: LeaderClaim | None = None
         """The claim this process holds (it leads), or None (it follows)."""
         self._holder: LeaderClaim | None = None  # as a follower: the claim last read
+        self._last_holder: LeaderClaim | None = None  # the claim last read, kept while _holder is learnt afresh
         self._terms_seen = 0
 
     @property
@@ -69,6 +70,9 @@ class Election:
         self._saw_incarnation(int(values[1] or 0))
         claim = LeaderClaim.parse(values[0])
         self._terms_seen = max(self._terms_seen, claim.term)
+        if claim.slot == self._slot and claim.incarnation == self._incarnation:  # written back for us (a restart)
+            self._become(claim)
+            return read_at, {}, None
         if claim != holder:  # a new holder: judged from the next round on
             self._holder = claim
             return read_at, {}, None
@@ -106,6 +110,7 @@ class Election:
         self._log.warning("leader_lost", term=self.claim.term if self.claim else None, holder=str(held))
         self.claim = None
         self._holder = held
+        self._terms_seen = max(self._terms_seen, held.term)
 
     def release(self) -> None:
         """Hand the leadership over (this process stops): the key says "term:released", so a follower takes the next
@@ -120,21 +125,25 @@ class Election:
             pass
         self.claim = None
 
-    def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> None:
+    def rebuild(self, store: dist.Store, record: GenerationRecord | None) -> bool:
         """The store restarted (ftcoord.protocol.restore): write back the newest term known (a term only grows): our
         claim, or as a follower the holder's claim we last read when it is of that term. Not "term:released" then:
         that hands the lead over at once, and a follower that came back first would depose a live leader (whose
-        fences and judgement would go with it)."""
+        fences and judgement would go with it). True when the key holds our own claim after it."""
         claim = self.claim
-        term = max(self._terms_seen, claim.term if claim else 0, record.leader_term if record else 0)
-        holder = self._holder
+        holder = self._holder or self._last_holder
+        term = max(self._terms_seen, claim.term if claim else 0, record.leader_term if record else 0,
+                   holder.term if holder else 0)
+        written = claim
         if claim is None and holder is not None and holder.slot is not None and holder.term == term:
-            claim = holder
-        restore.leader_term(store, str(claim) if claim is not None else None, term)
+            written = holder
+        held = restore.leader_term(store, str(written) if written is not None else None, term)
+        return claim is not None and held == str(claim)
 
     def forget_holder(self) -> None:
-        """The store restarted: learn the holder afresh from the new instance."""
-        self._holder = None
+        """The store restarted: learn the holder afresh from the new instance (the last one read is kept for a rebuild
+        meanwhile: a second restart before the next round)."""
+        self._last_holder, self._holder = self._holder or self._last_holder, None
 
     def _become(self, claim: LeaderClaim, previous: LeaderClaim | None = None,
                 previous_silent_s: float | None = None) -> None:

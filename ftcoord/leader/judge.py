@@ -43,6 +43,7 @@ class Judge:
         self._log = log
         self.observer = LivenessObserver(timing.heartbeat_timeout)
         self.fenced: dict[tuple[int, int], float] = {}  # (slot, incarnation): when this leader fenced it
+        self._fence_terms: dict[tuple[int, int], int] = {}  # (slot, incarnation): the term it was fenced in
         self.probe = evidence.Probe(store)
         self.nodes = NodeMap(store)
 
@@ -62,17 +63,19 @@ class Judge:
         return self.sooner(self.probe.wait_at_most(self._timing.probe_grace, seconds))
 
     def write_back_fences(self, store: dist.Store, term: int) -> None:
-        """The store restarted: write back the fences this leader issued (the term it leads in now), unless the slot's
-        key names a later incarnation. A fenced process that slept through the restart (its node paused or cut off)
-        wakes to a store that no longer says so: without its fence its launcher would not replace it, and it would
-        wait as a spare, left out of the generation that declared it dead, for good.
+        """The store restarted: write back the fences this leader issued in the term it holds (each as it was issued),
+        unless the slot's key names a later incarnation. A fenced process that slept through the restart (its node
+        paused or cut off) wakes to a store that no longer says so: without its fence its launcher would not replace
+        it, and it would wait as a spare, left out of the generation that declared it dead, for good. A fence of an
+        earlier term of ours is not written back: a leader deposed meanwhile may have let that process take part.
 
         Args:
             store: the restarted store (a rebuild's view of it).
-            term: the term this leader holds.
+            term: the term this leader holds, its claim being the one the store holds now.
         """
-        for slot, incarnation in list(self.fenced):
-            restore.fence(store, slot, term, incarnation)
+        for key in list(self.fenced):
+            if self._fence_terms.get(key) == term:
+                restore.fence(store, key[0], term, key[1])
 
     def rebuilt(self) -> None:
         """The store restarted: what was asked there is gone; ask again. The fences stay known (write_back_fences wrote
@@ -197,7 +200,9 @@ class Judge:
         # One entry per slot: a fence of an older incarnation is answered (that process is gone) and never asked
         # about again, so a long-lived leader's memory does not grow with the fences of a long job.
         self.fenced = {key: at for key, at in self.fenced.items() if key[0] != slot}
+        self._fence_terms = {key: t for key, t in self._fence_terms.items() if key[0] != slot}
         self.fenced[(slot, incarnation)] = time.monotonic()
+        self._fence_terms[(slot, incarnation)] = term
         self._log.warning("rank_fenced", slot=slot, incarnation=incarnation, reason=reason)
         return True
 

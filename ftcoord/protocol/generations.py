@@ -47,13 +47,20 @@ def newest_term(store: dist.Store) -> int:
 
 EPOCH_SPAN = 1_000_000
 """Generation numbers of store epoch e are above e * EPOCH_SPAN (ftcoord.store.link): a restarted store never
-decides a number that its lost predecessor may have decided. A job that starts on a store that never
-restarted numbers its generations 1, 2, 3, ...; after one restart, 1000001, 1000002, ..."""
+decides a number that its lost predecessor may have decided. A job that starts on a server's first boot numbers
+its generations 1, 2, 3, ...; after one restart, 1000001, 1000002, ...; a job that starts on boot b, from
+b * EPOCH_SPAN + 1."""
 
 
 def next_generation(store: dist.Store, current: int) -> int:
     """The generation after `current`, in the epoch of the store instance `store` talks to."""
     return max(current, getattr(store, "epoch", 0) * EPOCH_SPAN) + 1
+
+
+def started(store: dist.Store) -> bool:
+    """A generation of this job was decided, as far as the store knows: `gen/current` (restored after a restart) or
+    the first number of the store's epoch (a job that starts on boot b numbers from b * EPOCH_SPAN + 1)."""
+    return int(get_or_none(store, keys.CURRENT) or 0) > 0 or bool(store.check([keys.record(next_generation(store, 0))]))
 
 
 def current_generation(store: dist.Store) -> int:
@@ -178,12 +185,14 @@ def forget(store: dist.Store, generation: int) -> None:
     """Delete an old generation's keys, so a long job does not grow the store forever; its record becomes a
     tombstone, so it can never be written again (see ftcoord.leader.duty's module docstring).
 
-    A fixed number of keys per generation, plus three per member (gloo's rendezvous key, keys.gloo_rendezvous, and
-    the member's marks of arrival and finish, ftcoord.protocol.tally); no key per joiner. Deleting a key that is not
-    there costs one round trip."""
+    A fixed number of keys per generation, plus two per member (gloo's rendezvous key, keys.gloo_rendezvous, and the
+    member's mark of arrival, ftcoord.protocol.tally), and its mark of finish where a member finished there (the
+    finish hint says so: rare, the job's end); no key per joiner. Deleting a key that is not there costs one round
+    trip."""
     if generation < 1:
         return
     record = read_record(store, generation)
+    finished = record is not None and store.check([keys.finished(generation)])
     store.set(keys.record(generation), keys.FORGOTTEN)
     if generation > TOMBSTONE_SPAN:  # tombstones too have an end, or the store would grow by one per generation
         store.delete_key(keys.record(generation - TOMBSTONE_SPAN))
@@ -192,5 +201,5 @@ def forget(store: dist.Store, generation: int) -> None:
                 keys.arrived(generation), keys.all_arrived(generation),
                 *(keys.gloo_rendezvous(generation, rank) for rank in range(record.world_size if record else 0)),
                 *(keys.arrived_rank(generation, rank) for rank in range(record.world_size if record else 0)),
-                *(keys.finished_by(generation, slot) for slot in (record.members if record else ()))):
+                *(keys.finished_by(generation, slot) for slot in (record.members if record and finished else ()))):
         store.delete_key(key)

@@ -61,22 +61,25 @@ def fence(store: dist.Store, slot_id: int, term: int, incarnation: int) -> None:
         found = store.compare_set(keys.fence(slot_id), expected, wanted).decode()
         if found == wanted or parse_fence(found.encode())[1] >= incarnation:
             return
-        expected = found
+        expected = "" if found == expected else found  # answered `expected`: the key went away meanwhile
 
 
-def leader_term(store: dist.Store, claim: str | None, term: int) -> None:
+def leader_term(store: dist.Store, claim: str | None, term: int) -> str:
     """The leader key again: the holder's claim, or the highest term this process saw, released ("term:released"),
     so a term never goes back: a lower term written back first (a process that fell behind) is replaced, and the
-    holder's claim replaces its own term released."""
+    holder's claim replaces its own term released. The key's value after it."""
     mine = claim if claim is not None else f"{term}:released"
     expected = ""
     while True:
         found = store.compare_set(keys.LEADER, expected, mine).decode()
         if found == mine:
-            return
+            return found
+        if found == expected:  # the key went away meanwhile (compare_set answers `expected` then): from absent
+            expected = ""
+            continue
         held = LeaderClaim.parse(found)
         if held.term > term or (held.term == term and (claim is None or held.slot is not None)):
-            return
+            return found
         expected = found
 
 

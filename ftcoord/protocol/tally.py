@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ftcoord.protocol import keys
 from ftcoord.store.client import get_or_none
+from ftcoord.store.link import MULTI_GET_BYTES, bounded_multi_get
 
 
 def mark(store: dist.Store, counter: str, mine: str, value: str, members: Sequence[str]) -> bool:
@@ -33,12 +34,21 @@ def mark(store: dist.Store, counter: str, mine: str, value: str, members: Sequen
     store.compare_set(mine, "", value)
     if int(store.add(counter, 1)) < len(members):
         return False
-    return bool(store.check(list(members)))
+    return all_present(store, list(members))
+
+
+def all_present(store: dist.Store, names: list[str]) -> bool:
+    """Every key of `names` exists: checks of MULTI_GET_BYTES of keys at most each (a check of thousands of members'
+    keys in one request would hold the store up for every other client), stopping at the first one that fails."""
+    overhead = getattr(store, "key_overhead", 64)
+    per = max(1, MULTI_GET_BYTES // (max(map(len, names), default=0) + overhead))
+    return all(store.check(names[start:start + per]) for start in range(0, len(names), per))
 
 
 def increment(store: dist.Store, key: str) -> int:
-    """Add one to a counter that only this process writes right now, exactly once however often a request is
-    retried (compare_set from the value read to the next: a retried one finds it done); the new value.
+    """Add one to a counter that only this process adds to right now (others may only raise it to what they hold:
+    ftcoord.protocol.restore), exactly once however often a request is retried (compare_set from the value read to
+    the next: a retried one finds it done); the new value.
 
     Args:
         store: the job's store.
@@ -84,4 +94,4 @@ def finish(store: dist.Store, generation: int, slot: int, members: Sequence[int]
     if not mark(store, keys.finished(generation), keys.finished_by(generation, slot), "stop" if stopping else "done",
                 names):
         return None
-    return "stop" if b"stop" in store.multi_get(names) else "done"
+    return "stop" if b"stop" in bounded_multi_get(store, names) else "done"

@@ -73,12 +73,12 @@ def next_boot(state_file: Path | None) -> Boot:
         state_file.parent.mkdir(parents=True, exist_ok=True)
         with open(state_file.with_name(state_file.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            text = state_file.read_text().strip() if state_file.exists() else "-1"
-            if not text.lstrip("-").isdigit():
+            text = state_file.read_text().strip() if state_file.exists() else None
+            if text is not None and not text.isdigit():
                 raise ConfigError(f"the store's state file {state_file} holds {text[:40]!r}, not a boot number; "
                                   f"restore it, or pass another --state-file (a new file starts the count at 0, "
                                   f"and jobs that were running must be started anew)")
-            number = int(text) + 1
+            number = int(text) + 1 if text is not None else 0
             temporary = state_file.with_name(state_file.name + ".tmp")
             with open(temporary, "w") as out:
                 out.write(f"{number}\n")

@@ -346,14 +346,18 @@ class StoreLink:
             return connection
 
     def _settled(self, connection: _Connection, prefixed: bool) -> _Connection:
-        """A new connection, once its instance is settled (the same, or the next one rebuilt), as a client of
-        this session; bounded like any call."""
+        """A new connection, once its instance is settled (the same, or a later one rebuilt), as a client of
+        this session. Settling is bounded like any call; a rebuild, as long as it takes, request by request
+        (_Bounded: thousands of members' registrations take longer than one call may)."""
         token = self.calls.watch(self.op_timeout, connection.sockets, {})
         try:
-            self._settle_again(connection.view, connection.raw)
+            later = self._settle_again(connection.view, connection.raw)
             self.calls.answered()
         finally:
             self.calls.unwatch(token)
+        if later is not None:
+            self._rebuild(later, _Bounded(connection.view, self, connection.sockets),
+                          _Bounded(connection.raw, self, connection.sockets))
         connection.session = self._session
         if not prefixed:
             connection.view = connection.raw
@@ -368,21 +372,26 @@ class StoreLink:
     # -- the instance -----------------------------------------------------------------------
 
     def _read_boot(self, base: Any) -> Boot | None:
-        """The server's boot; a server that has just started publishes it within milliseconds of serving, so a
-        missing one is waited for a moment (None then: a TCPStore that is not an ftcoord-store). A wait woken before
-        the key exists (TCPStore wakes waiters on any compare_set of it) reads b"" and waits on."""
-        deadline = time.monotonic() + min(2.0, self.op_timeout / 2)
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                raw = timed_get(base, BOOT_KEY, max(left, 0.001))
-            except dist.DistStoreError:
-                return None
-            if raw:
-                self.boot = Boot.parse(raw)
-                return self.boot
-            if left <= 0:
-                return None
+        """The server's boot. One that has just started publishes it within milliseconds of serving, so a missing one
+        is waited for a moment (a wait woken before the key exists reads b"" and waits on); None when it stays
+        missing: a TCPStore that is not an ftcoord-store. A server that is only slow answers the look first, and is
+        waited for as long as any call."""
+        if base.check([BOOT_KEY]):
+            raw = base.get(BOOT_KEY)
+        else:
+            deadline = time.monotonic() + 2.0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    raw = timed_get(base, BOOT_KEY, left)
+                except dist.DistStoreError:
+                    return None
+                if raw:
+                    break
+        self.boot = Boot.parse(raw)
+        return self.boot
 
     def _read_or_write_instance(self, view: dist.Store, base: Any, write: bool) -> Instance | None:
         """The store's instance; when it has none and `write`, this process's proposal is written first (none:
@@ -422,15 +431,15 @@ class StoreLink:
                     self.instance = self._read_or_write_instance(client.view(), None, False)
         return self.instance
 
-    def _settle_again(self, view: dist.Store, base: dist.TCPStore) -> None:
+    def _settle_again(self, view: dist.Store, base: dist.TCPStore) -> Instance | None:
         """After a reconnection: the same instance (a pause, a network cut: nothing was lost), a later epoch
-        (restarted, once or more: rebuild it), or one this process cannot vouch for (superseded)."""
+        (restarted, once or more: returned, to rebuild), or one this process cannot vouch for (superseded)."""
         found = self._read_or_write_instance(view, base, True)
         if self.instance is None or found is None:  # knew none (nothing to rebuild), or the store has none yet
             self.instance = self.instance or found
-            return
+            return None
         if found == self.instance:
-            return
+            return None
         if found.epoch <= self.instance.epoch:
             self.stale = (f"the store at {self.address} holds instance {found} of this job, which does not follow "
                           f"the one this process knew ({self.instance}): the store came back without its count of "
@@ -439,7 +448,12 @@ class StoreLink:
                           f"without taking part")
             self._log.error("store_instance_stale", known=str(self.instance), found=str(found))
             raise Superseded(self.stale)
-        self._log.warning("store_restarted", previous=str(self.instance), instance=str(found))
+        return found
+
+    def _rebuild(self, found: Instance, view: Any, base: Any) -> None:
+        """Move to the later instance `found` and run the rebuild callbacks on it (under the link's lock)."""
+        self._log.warning("store_restarted", previous=str(self.instance), instance=str(found),
+                          boot=self.boot.number if self.boot is not None else None)
         previous, self.instance = self.instance, found
         try:
             for callback in self._callbacks:
@@ -452,6 +466,31 @@ class StoreLink:
             raise
         # Only now: a thread that reads the new number (to pin its reads to it) finds what the callbacks reset.
         self.instance_number += 1
+
+
+class _Bounded:
+    """A rebuild's view of a new connection: each request bounded by the link's watchdog and counted as the store's
+    answer, as a LinkedStore call is (a rebuild is many requests; one watch over all of them would cut it)."""
+
+    def __init__(self, store: Any, link: StoreLink, sockets: dict[int, str]) -> None:
+        self._store, self._link, self._sockets = store, link, sockets
+
+    def __getattr__(self, name: str) -> Any:
+        op = getattr(self._store, name)
+        if not callable(op):
+            return op
+        calls = self._link.calls
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            token = calls.watch(self._link.op_timeout, self._sockets, {})
+            try:
+                result = op(*args, **kwargs)
+            finally:
+                calls.unwatch(token)
+            calls.answered()
+            return result
+
+        return bounded
 
 
 class LinkedStore:

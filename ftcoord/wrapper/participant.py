@@ -211,8 +211,9 @@ class Participant:
             evidence.publish_addresses(store, generation, self.slot, published[1])
 
     def publish_addresses(self, generation: int, addresses: list[str]) -> None:
-        """Publish this member's end of its group's connections (ftcoord.protocol.evidence.publish_addresses), and
-        again when the store restarts.
+        """Publish this member's ends of its group's connections, and again whenever the store restarts.
+
+        See ftcoord.protocol.evidence.publish_addresses.
 
         Args:
             generation: the generation whose group formed.

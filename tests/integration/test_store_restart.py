@@ -138,8 +138,10 @@ def test_a_rank_killed_after_a_restart_is_named_by_its_peers_evidence(tmp_path: 
 @pytest.mark.slow  # one more restart scenario (45 s); store-restart-kill above stays in the default set
 def test_a_replacement_and_its_survivors_agree_on_the_restarted_stores_epoch(tmp_path: Path) -> None:
     """The bundled store-restart-nodes scenario: one rank per node; a rank is killed and the store restarted at the
-    same step, so its replacement (which may know no instance) and the survivors reach the new store in any order.
-    They all move to epoch 1, the server's count of its lives; nobody is superseded; the verifier passes."""
+    same step, so its replacement and the survivors reach the new store in any order. They all move to epoch 1, the
+    server's count of its lives; nobody is superseded; the verifier passes. (The replacement carries its launcher's
+    instance here, so this passed before the server counted too; the orderings that did not are
+    tests/unit/test_store_link.py's.)"""
     report = run("store-restart-nodes", tmp_path)
     logs = tmp_path / "store-restart-nodes" / "logs"
     assert not read_logs(logs, ("store_instance_stale",)), "a process was superseded by the restart"

@@ -21,10 +21,11 @@ from ftcoord.config import Timing
 from ftcoord.errors import ConfigError, StoreLost, Superseded
 from ftcoord.host import group_sockets
 from ftcoord.host.process_state import stopped
+from ftcoord.leader.election import Election
 from ftcoord.leader.judge import Judge
 from ftcoord.log import get_logger
 from ftcoord.protocol import keys, restore, tally
-from ftcoord.protocol.generations import EPOCH_SPAN, next_generation, read_record
+from ftcoord.protocol.generations import EPOCH_SPAN, LeaderClaim, next_generation, read_record
 from ftcoord.protocol.record import GenerationRecord
 from ftcoord.protocol.slots import fenced, register
 from ftcoord.store.client import get_or_none, wait_get
@@ -622,6 +623,7 @@ def test_a_leaders_fences_are_written_back_and_never_lowered(counted: Restartabl
     client = link(counted, job_id).connect()
     judge = Judge(client, Timing(), None, get_logger(component="test"))
     assert judge._fence(2, 1, "test", 3) and judge._fence(4, 5, "test", 3)
+    assert judge._fence(6, 1, "test", 2)  # an earlier term of ours: a leader between may have let it take part
     for _ in range(2):
         counted.restart()
         view = client.view()
@@ -631,4 +633,51 @@ def test_a_leaders_fences_are_written_back_and_never_lowered(counted: Restartabl
         judge.rebuilt()
         assert get_or_none(client, keys.fence(2)) == b"3:1"
         assert get_or_none(client, keys.fence(4)) == b"3:6"
+        assert get_or_none(client, keys.fence(6)) is None
     assert fenced(client, 2, 1) is not None
+
+
+def test_a_deposed_leader_writes_back_the_newer_holders_term_and_a_claim_naming_us_is_taken_up(
+        store: Restartable, job_id: str) -> None:
+    """A leader of term 4 lost the key to "5:7:1" and follows: at a restart it writes back the holder's claim of term 5
+    (it wrote "4:released": the term went back, and a takeover claimed term 5 again). A claim written back for a
+    process that follows (a follower that came back first wrote its holder's) makes it lead again."""
+    client = link(store, job_id).connect()
+    log = get_logger(component="test")
+    judge = Judge(client, Timing(), None, log)
+    elected: list[int] = []
+    election = Election(client, 2, 1, judge, log, lambda incarnation: None, lambda: elected.append(1))
+    election.claim = LeaderClaim(4, 2, 1)
+    election.lose(LeaderClaim(5, 7, 1))
+    store.restart()
+    view = client.view()
+    assert election.rebuild(view, None) is False
+    assert get_or_none(client, keys.LEADER) == b"5:7:1"
+    view.set(keys.LEADER, "6:2:1")  # written back for us by a follower
+    restore.slot(view, 2, 1)  # and our registration, as our own rebuild writes it
+    election.forget_holder()
+    election.follow(client.link.instance_number)
+    assert election.claim == LeaderClaim(6, 2, 1) and elected == [1]
+
+
+def test_a_rebuild_longer_than_one_calls_bound_completes(counted: Restartable, job_id: str) -> None:
+    """A rebuild of many members' keys takes longer than op_timeout: each of its requests is bounded and answered, so
+    it is never cut as one hung call (cut, the rebuild started over on the next connection, and was cut again, until
+    store_timeout). Here op_timeout is 1 s and the rebuild makes requests for 2.5 s."""
+    member = link(counted, job_id, op_timeout=1.0, store_timeout=15.0)
+    client = member.connect()
+    runs: list[int] = []
+
+    def slow_rebuild(view, base) -> None:
+        runs.append(1)
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:
+            view.set("rebuilt", "1")
+            view.check(["rebuilt"])
+            time.sleep(0.05)
+
+    member.on_new_instance(slow_rebuild)
+    counted.restart()
+    assert client.get("rebuilt") == b"1"
+    assert runs == [1] and member.instance_number == 1 and member.lost is None
+    member.close()
