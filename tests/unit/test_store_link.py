@@ -260,6 +260,23 @@ def test_instances_parse_and_refuse_garbage() -> None:
         Instance.parse("x")
 
 
+def waiting_joiner(store: Restartable, job_id: str) -> tuple[StoreLink, int, list[GenerationRecord],
+                                                           threading.Thread, LinkedStore]:
+    """Slot 0 registered, announced for generation 1 and waiting for its record (in a thread, slices of 10 s): its
+    link, incarnation, what its join returns, the thread, and another process's client."""
+    joiner_link = link(store, job_id)
+    joiner_store = joiner_link.connect()
+    incarnation = register(joiner_store, 0)
+    joiner = GenerationClient(joiner_store, 0, incarnation, Timing(heartbeat_interval=1.0, heartbeat_timeout=10.0))
+    joined: list[GenerationRecord] = []
+    thread = threading.Thread(target=lambda: joined.append(joiner.join(step=5)), daemon=True)
+    thread.start()
+    other = link(store, job_id).connect()
+    wait_until(lambda: get_or_none(other, keys.joiners(1)) is not None, 10, "the announcement for generation 1")
+    wait_until(lambda: joiner_store.requests[("trainer", "get")] >= 1, 10, "the joiner in its wait for the record")
+    return joiner_link, incarnation, joined, thread, other
+
+
 def test_a_joiner_waiting_through_a_restart_announces_itself_again_for_the_new_epoch(
         store: Restartable, job_id: str) -> None:
     """A process that announced itself for generation 1 and waits for its record when the store restarts: its
@@ -267,17 +284,7 @@ def test_a_joiner_waiting_through_a_restart_announces_itself_again_for_the_new_e
     EPOCH_SPAN). It announces itself again for EPOCH_SPAN + 1, at once (its wait is pinned to the instance it
     announced itself in: sabotage, unpinned, it waited out its first slice, 10 s here), and joins the record decided
     there."""
-    joiner_link = link(store, job_id)
-    joiner_store = joiner_link.connect()
-    incarnation = register(joiner_store, 0)
-    timing = Timing(heartbeat_interval=1.0, heartbeat_timeout=10.0)  # slices of the wait: 10 s, then 20 s
-    joiner = GenerationClient(joiner_store, 0, incarnation, timing)
-    joined: list[GenerationRecord] = []
-    thread = threading.Thread(target=lambda: joined.append(joiner.join(step=5)), daemon=True)
-    thread.start()
-    leader = link(store, job_id).connect()
-    wait_until(lambda: get_or_none(leader, keys.joiners(1)) is not None, 10, "the announcement for generation 1")
-    wait_until(lambda: joiner_store.requests[("trainer", "get")] >= 1, 10, "the joiner in its wait for the record")
+    joiner_link, incarnation, joined, thread, leader = waiting_joiner(store, job_id)
     store.restart()
     wait_until(lambda: get_or_none(leader, keys.joiners(EPOCH_SPAN + 1)) is not None, 2.5,
                "the announcement again, for the new epoch's first generation")
@@ -297,20 +304,10 @@ def test_a_member_that_never_read_its_record_joins_it_when_a_member_writes_it_ba
     generation 1, where its peers wait for it at the rendezvous, instead of announcing itself for the new epoch's
     first number (then its peers waited for it until pg_timeout). Sabotage: announcing again without reading the
     rebuilt record leaves the join waiting for generation EPOCH_SPAN + 1."""
-    joiner_link = link(store, job_id)
-    joiner_store = joiner_link.connect()
-    incarnation = register(joiner_store, 0)
+    joiner_link, incarnation, joined, thread, observer = waiting_joiner(store, job_id)
     decided = GenerationRecord(generation=1, members=(0, 1), incarnations=(incarnation, 1), leader=1, leader_term=1,
                                target_world_size=2, heal_source=1, start_step=5, liveness_read_at=0.0)
     joiner_link.on_new_instance(lambda view, base: restore.record(view, decided, None))  # the member's write-back
-    timing = Timing(heartbeat_interval=1.0, heartbeat_timeout=10.0)
-    joiner = GenerationClient(joiner_store, 0, incarnation, timing)
-    joined: list[GenerationRecord] = []
-    thread = threading.Thread(target=lambda: joined.append(joiner.join(step=5)), daemon=True)
-    thread.start()
-    observer = link(store, job_id).connect()
-    wait_until(lambda: get_or_none(observer, keys.joiners(1)) is not None, 10, "the announcement for generation 1")
-    wait_until(lambda: joiner_store.requests[("trainer", "get")] >= 1, 10, "the joiner in its wait for the record")
     store.restart()
     thread.join(5)
     assert joined == [decided]
