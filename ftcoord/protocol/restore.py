@@ -12,6 +12,8 @@ beyond what some process holds are never restored (ftcoord.protocol.generations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.distributed as dist
 
 from ftcoord.errors import Superseded
@@ -56,31 +58,37 @@ def record(store: dist.Store, held: GenerationRecord, interrupted: str | None) -
 def fence(store: dist.Store, slot_id: int, term: int, incarnation: int) -> None:
     """A leader's fence again ("term:incarnation", ftcoord.leader.judge), unless the slot's key already names that
     incarnation or a later one (a registration writes "0" first: that names none)."""
-    wanted, expected = f"{term}:{incarnation}", ""
-    while True:
-        found = store.compare_set(keys.fence(slot_id), expected, wanted).decode()
-        if found == wanted or parse_fence(found.encode())[1] >= incarnation:
-            return
-        expected = "" if found == expected else found  # answered `expected`: the key went away meanwhile
+    _write_unless(store, keys.fence(slot_id), f"{term}:{incarnation}",
+                  lambda found: parse_fence(found.encode())[1] >= incarnation)
 
 
 def leader_term(store: dist.Store, claim: str | None, term: int) -> str:
     """The leader key again: the holder's claim, or the highest term this process saw, released ("term:released"),
     so a term never goes back: a lower term written back first (a process that fell behind) is replaced, and the
     holder's claim replaces its own term released. The key's value after it."""
-    mine = claim if claim is not None else f"{term}:released"
+
+    def keeps(found: str) -> bool:
+        held = LeaderClaim.parse(found)
+        return held.term > term or (held.term == term and (claim is None or held.slot is not None))
+
+    return _write_unless(store, keys.LEADER, claim if claim is not None else f"{term}:released", keeps)
+
+
+def _write_unless(store: dist.Store, key: str, wanted: str, keeps: Callable[[str], bool]) -> str:
+    """Write `wanted` into `key` unless the value there `keeps` (compare_set from the value read, so a concurrent
+    write is never overwritten unseen); the key's value after it. compare_set answers `expected` itself when the key
+    is absent: the key went away meanwhile, and the next try is from absent."""
     expected = ""
     while True:
-        found = store.compare_set(keys.LEADER, expected, mine).decode()
-        if found == mine:
+        found = store.compare_set(key, expected, wanted).decode()
+        if found == wanted:
             return found
-        if found == expected:  # the key went away meanwhile (compare_set answers `expected` then): from absent
+        if found == expected:
             expected = ""
-            continue
-        held = LeaderClaim.parse(found)
-        if held.term > term or (held.term == term and (claim is None or held.slot is not None)):
+        elif keeps(found):
             return found
-        expected = found
+        else:
+            expected = found
 
 
 def ended(store: dist.Store, done: bytes | None, stopped: bytes | None, fatal: bytes | None) -> None:

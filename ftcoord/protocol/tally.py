@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ftcoord.protocol import keys
 from ftcoord.store.client import get_or_none
-from ftcoord.store.link import MULTI_GET_BYTES, bounded_multi_get
+from ftcoord.store.link import bounded_check, bounded_multi_get
 
 
 def mark(store: dist.Store, counter: str, mine: str, value: str, members: Sequence[str]) -> bool:
@@ -34,15 +34,7 @@ def mark(store: dist.Store, counter: str, mine: str, value: str, members: Sequen
     store.compare_set(mine, "", value)
     if int(store.add(counter, 1)) < len(members):
         return False
-    return all_present(store, list(members))
-
-
-def all_present(store: dist.Store, names: list[str]) -> bool:
-    """Every key of `names` exists: checks of MULTI_GET_BYTES of keys at most each (a check of thousands of members'
-    keys in one request would hold the store up for every other client), stopping at the first one that fails."""
-    overhead = getattr(store, "key_overhead", 64)
-    per = max(1, MULTI_GET_BYTES // (max(map(len, names), default=0) + overhead))
-    return all(store.check(names[start:start + per]) for start in range(0, len(names), per))
+    return bounded_check(store, list(members))  # thousands of members' keys: not in one request
 
 
 def increment(store: dist.Store, key: str) -> int:

@@ -672,14 +672,26 @@ keys in large requests, and every other client waits meanwhile, so a read of man
 size at most."""
 
 
+def keys_per_request(store: Any, names: list[str], together: int = 1) -> int:
+    """How many of `names` one request may name to stay within MULTI_GET_BYTES of keys: whole runs of `together`."""
+    overhead = getattr(store, "key_overhead", 64)  # a plain client: an allowance for a job's prefix
+    widest = max(map(len, names), default=0) + overhead
+    return max(1, MULTI_GET_BYTES // (widest * together)) * together
+
+
+def bounded_check(store: Any, names: list[str]) -> bool:
+    """Every key of `names` exists: checks of MULTI_GET_BYTES of keys at most each (as bounded_multi_get reads),
+    stopping at the first one that fails."""
+    per = keys_per_request(store, names)
+    return all(store.check(names[start:start + per]) for start in range(0, len(names), per))
+
+
 def bounded_multi_get(store: Any, names: list[str], pinned: int | None = None, together: int = 1,
                       lead: int = 0) -> list[bytes]:
     """pinned_multi_get of `names` in requests of MULTI_GET_BYTES of keys at most, each of whole runs of `together`
     keys after the first `lead` names (which go with the first request): a slot's facts stay one snapshot. The values
     in the order of `names`; one request when they fit."""
-    overhead = getattr(store, "key_overhead", 64)  # a plain client: an allowance for a job's prefix
-    widest = max(map(len, names), default=0) + overhead
-    per = max(1, MULTI_GET_BYTES // (widest * together)) * together
+    per = keys_per_request(store, names, together)
     if len(names) <= lead + per:
         return pinned_multi_get(store, pinned, names)
     values = pinned_multi_get(store, pinned, names[:lead + per])
