@@ -110,7 +110,9 @@ def _output(level: str, stream: TextIO | None, console: bool, configured: bool, 
         renderer,
     ]
     wrapper_class = structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()])
-    return _Output(processors, wrapper_class, structlog.PrintLogger(out), configured)
+    # One write per line: print() writes the line and its newline apart when output is unbuffered
+    # (PYTHONUNBUFFERED=1, as containers often set), and the ranks that share a terminal merge their lines.
+    return _Output(processors, wrapper_class, structlog.WriteLogger(out), configured)
 
 
 _state: tuple[int, _Output | None] = (0, None)

@@ -40,8 +40,10 @@ class ScriptRun:
         self._reader.start()
 
     def printed(self, pattern: str) -> list[tuple[int, ...]]:
-        """The integer groups of every output line that matches `pattern`, in order."""
-        return [tuple(int(g) for g in m.groups()) for line in list(self.lines) if (m := re.match(pattern, line))]
+        """The integer groups of every match of `pattern` in the output, in order. Matched in the whole output, not
+        line by line: unbuffered (PYTHONUNBUFFERED=1), print() writes a line and its newline apart, so one
+        process's line can run on into another's."""
+        return [tuple(int(g) for g in m.groups()) for m in re.finditer(pattern, "".join(list(self.lines)))]
 
     def wait(self, timeout: float = 120) -> str:
         """The launcher's output once it exited 0 (an assertion with its tail otherwise)."""
