@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             supervisor.standby.release(timeout=0)
             return EXIT_USAGE
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda s, _: supervisor.terminate(s))
+        signal.signal(signum, lambda s, _: supervisor.signalled(s))
     logger.info("launcher_started", nproc=config.nproc, spares=config.spares, slots=config.slots,
                 policy=config.restart_policy, warm_standby=config.warm_standby, store=config.store)
     try:

@@ -64,6 +64,7 @@ class Supervisor:
 
     def __post_init__(self, early_standby: StandbyKeeper | None) -> None:
         self._log = get_logger(component="launcher", job_id=self.config.job_id)
+        self._signalled: int | None = None  # a SIGTERM/SIGINT not acted on yet (signalled)
         if self.config.warm_standby and not PythonCommand.parse(self.config.command):
             self._log.warning("warm_standby_disabled", reason=unsupported(self.config.command))
         self._job_restarts: JobRestarts | None = None
@@ -202,7 +203,15 @@ class Supervisor:
                               why="its job is not running on this node")
         scratch.claim(self.config.job_id)
 
+    def signalled(self, signum: int) -> None:
+        """SIGTERM/SIGINT, from the signal handler: only noted, and the loop terminates at its next tick. A handler
+        runs in this thread between any two bytecodes, maybe while it holds a lock (the logger's): taking it again
+        there would deadlock."""
+        self._signalled = signum
+
     def _tick(self, now: float) -> int | None:
+        if self._signalled is not None and self.terminating_since is None:
+            self.terminate(self._signalled)
         if self.terminating_since is not None:
             return self._tick_terminating(now)
         for slot in self.slots.values():

@@ -8,7 +8,6 @@ import os
 import resource
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from ftcoord import arguments, log
@@ -70,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the store server until SIGTERM or Ctrl-C; the process's exit code."""
     args = build_parser().parse_args(argv)
+    # SIGTERM and Ctrl-C are taken by sigwait below, never by a handler: a handler that sets an Event deadlocks on
+    # the Event's own lock when it lands while this thread is inside Event.wait (as a SIGTERM sent right after the
+    # ready line did). Blocked before any thread starts (TCPStore's), so that every thread inherits the mask.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
         sock = bind_listen_socket(args.host, args.port)
     except PortInUse as exc:
@@ -91,9 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ftcoord-store: {exc}", file=sys.stderr)
         return 2
 
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     print(json.dumps({"event": "store_ready", "address": server.address, "host": server.host,
                       "port": server.port, "pid": os.getpid(), "max_connections": open_files,
                       "boot": server.boot.number, "state_file": str(state_file) if state_file else None}), flush=True)
@@ -102,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if open_files < _CONNECTIONS_WANTED:
         logger.warning("store_open_files_low", max_open_files=open_files, processes=open_files // 5,
                        what_to_do="raise the hard limit (ulimit -Hn, LimitNOFILE=) for jobs of more processes")
-    while not stop.wait(3600):
-        pass
+    signal.sigwait(stop_signals)
     server.close()
     logger.info("store_stopped", address=server.address)
     return 0
