@@ -86,7 +86,8 @@ class Trainer:
         # What the verifier needs to replay this generation exactly: the configuration, the gradient
         # reduction and the intra-op threads (a matmul may round differently with another count).
         self.ledger.write("generation", generation=call.iteration, rank=rank, world_size=world,
-                          members=list(call.members), start_step=state.step, heal_source=report.source,
+                          members=list(call.members), cause=call.cause, culprits=list(call.culprits),
+                          start_step=state.step, heal_source=report.source,
                           heal_receivers=list(report.receivers), heal_bytes=report.bytes,
                           heal_s=round(report.seconds, 4), loaded_from=loaded_from,
                           restarts=call.restarts, config_hash=self.config_hash, trajectory=config.trajectory(),

@@ -21,6 +21,7 @@ from ftcoord.host.process_state import stopped
 from ftcoord.launcher.restart_delay import RestartDelay
 from ftcoord.launcher.standby_client import ForkedProcess
 from ftcoord.protocol import keys
+from ftcoord.protocol.launcher_report import Exit
 from ftcoord.store.client import read_int
 
 REPLACING_BEAT_S = 0.1  # how often a launcher repeats that a replacement is on its way
@@ -44,6 +45,8 @@ class SlotProcess:
     from_standby: bool = False
     finished: bool = False
     fence_killed: bool = False
+    last_exit: Exit | None = None
+    """How its last process ended (published in its launcher report)."""
     fence_ignored: bytes = b""
     """A fence of a deposed leader's term, not carried out (see Supervisor._fence)."""
     replacing: int = 0

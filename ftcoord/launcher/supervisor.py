@@ -149,7 +149,7 @@ class Supervisor:
 
     def _report_to(self, store: dist.Store, slot: SlotProcess) -> None:
         launcher_report.publish(store, slot.slot, slot.process.pid if slot.process else None,
-                                slot.restart_kinds, self.standby.state())
+                                slot.restart_kinds, self.standby.state(), slot.last_exit)
 
     # -- the warm standby (ftcoord.launcher.standby_keeper) -----------------------------------------
 
@@ -264,6 +264,10 @@ class Supervisor:
             return None
         if code == EXIT_USAGE:
             return self._configuration_error(slot, pid)
+        # How it ended, before anything brings its replacement: the leader names it when it decides without it.
+        kind = launcher_report.exit_kind(code, slot.fence_killed)
+        slot.last_exit = launcher_report.Exit(slot.incarnation, code, kind)
+        self._report(slot)
         registered = read_int(self.store, keys.incarnation(slot.slot))
         self._replacement_coming(slot, registered)
         if registered >= slot.incarnation:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ftcoord import pausepoints
 from ftcoord.config import QuorumPolicy, Timing
+from ftcoord.leader.attribution import find_cause
 from ftcoord.leader.cadence import Cadence
 from ftcoord.leader.election import Election
 from ftcoord.leader.forgetter import ForgetSchedule, Forgetter
@@ -373,6 +374,9 @@ class LeaderDuty:
             left_out = still_left_out(record, proposal.ready.missing | proposal.ready.gone
                                       | self._judge.fenced_alive(facts), facts, previous)
             record = replace(record, stop=stop_asked(self._store), left_out=tuple(sorted(left_out.items())))
+            cause = find_cause(self._store, previous, record)
+            if cause is not None:
+                record = replace(record, cause=cause.text, culprits=cause.culprits)
         return self._write(record, current, partial=not proposal.ready.everyone)
 
     def _write(self, record: GenerationRecord, current: int, partial: bool = False) -> bool:

@@ -59,7 +59,8 @@ def write_record(store: dist.Store, election: Election, instance: int, record: G
     else:
         log.info("generation_decided", generation=record.generation, members=list(record.members),
                  world_size=record.world_size, spares=list(record.spares), partial=partial,
-                 heal_source=record.heal_source, start_step=record.start_step, stop=record.stop)
+                 heal_source=record.heal_source, start_step=record.start_step, stop=record.stop,
+                 cause=record.cause, culprits=list(record.culprits))
     if current:  # its members may stop waiting for a question about it
         store.compare_set(keys.probe(current), "", keys.PROBE_RELEASED)  # a question asked stays one
     return Written.DECIDED

@@ -289,7 +289,8 @@ def _recent(store: dist.Store, generation: int) -> list[dict[str, Any]]:
         # them all (a few requests each) at each refresh.
         interrupt = get_if_present(store, keys.interrupt(g))
         recent.append({"generation": g, "world_size": record.world_size, "members": list(record.members),
-                       "failed": record.failed, "interrupted": interrupt.decode() if interrupt else None})
+                       "failed": record.failed, "interrupted": interrupt.decode() if interrupt else None,
+                       "cause": record.cause})
     return recent
 
 

@@ -73,8 +73,10 @@ def _recent(view: JobView) -> list[Text]:
     if not view.recent:
         return []
     lines = Text("\nrecent generations\n", style="bold")
+    # How each ended: the root cause its successor's leader named, else the interrupt that ended it.
+    ended = {g["generation"] - 1: g.get("cause") for g in view.recent}
     for g in view.recent:
-        why = g["failed"] or g["interrupted"] or "current"
+        why = g["failed"] or ended.get(g["generation"]) or g["interrupted"] or "current"
         line = f"  {g['generation']:>5}  world {g['world_size']:<3} members {g['members']}  {why}"
         lines.append(line[:_WIDTH] + "\n")
     return [lines]

@@ -57,6 +57,12 @@ def announce_leaving(store: dist.Store, generation: int, slot: int) -> None:
     store.append(keys.evidence(generation), f"leaving {slot}\n")
 
 
+def report_raised(store: dist.Store, generation: int, slot: int, error: str) -> None:
+    """This member's own code raised `error` (its type's name) and ended the generation: the cause the leader names
+    (ftcoord.leader.attribution), whichever member's interrupt came first."""
+    store.append(keys.evidence(generation), f"raised {slot} {error}\n")
+
+
 def closed_peer(exc: BaseException) -> set[str]:
     """The addresses a failed collective may mean by the peer that closed on us (empty: it names none).
 
@@ -91,22 +97,22 @@ def report_closed(store: dist.Store, generation: int, slot: int, exc: BaseExcept
     return named
 
 
-def _entries(store: dist.Store, generation: int) -> list[tuple[str, str]]:
+def entries(store: dist.Store, generation: int) -> list[tuple[str, str]]:
     """The generation's evidence, one (kind, rest) per line: ("closed", "<named members or ?> <reporter>"),
-    ("leaving", "<member>")."""
+    ("leaving", "<member>"), ("raised", "<member> <error>")."""
     raw = get_or_none(store, keys.evidence(generation))
     return [(kind, rest) for kind, _, rest in (line.partition(" ") for line in (raw or b"").decode().splitlines())]
 
 
 def read(store: dist.Store, generation: int) -> tuple[bool, set[int]]:
     """(whether a connection closed under a collective of `generation`, the members that announced leaving)."""
-    entries = _entries(store, generation)
-    return any(kind == "closed" for kind, _ in entries), {int(rest) for kind, rest in entries if kind == "leaving"}
+    said = entries(store, generation)
+    return any(kind == "closed" for kind, _ in said), {int(rest) for kind, rest in said if kind == "leaving"}
 
 
 def closed_named(store: dist.Store, generation: int) -> set[int]:
     """The members that closed-connection reports of `generation` name (a survivor may name a live peer: a hint)."""
-    return {int(m) for kind, rest in _entries(store, generation) if kind == "closed"
+    return {int(m) for kind, rest in entries(store, generation) if kind == "closed"
             for m in rest.partition(" ")[0].split(",") if m.isdigit()}
 
 

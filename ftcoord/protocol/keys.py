@@ -144,7 +144,8 @@ def addresses(generation: int) -> str:
 
 
 def evidence(generation: int) -> str:
-    """Append-only "leaving <slot>" / "closed <slot> <reporter>" lines (see ftcoord.protocol.evidence)."""
+    """Append-only "leaving <slot>" / "closed <slot> <reporter>" / "raised <slot> <error>" lines (see
+    ftcoord.protocol.evidence)."""
     return f"gen/{generation}/evidence"
 
 

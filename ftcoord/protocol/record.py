@@ -110,6 +110,13 @@ class GenerationRecord:
     and not awaited again until they announce themselves (ftcoord.leader.readiness.still_left_out): in the record,
     so a new leader does not wait for them once more."""
 
+    cause: str | None = None
+    """Why the previous generation ended, root cause first ("slot 1 died (SIGKILL), seen by slot 0"); None for a
+    first generation (ftcoord.leader.attribution)."""
+    culprits: tuple[int, ...] = ()
+    """The slots whose own process ended the previous generation: it died, hung, raised, was fenced, left or did not
+    come back. Empty when nothing of a member's did (a joiner grew the job, a stop was asked)."""
+
     @property
     def world_size(self) -> int:
         """The number of members."""
@@ -191,4 +198,5 @@ class GenerationRecord:
         else:  # a list of [slot, incarnation] pairs: the plain form
             data["considered"] = tuple(tuple(pair) for pair in considered)
         data["left_out"] = tuple(tuple(pair) for pair in data.get("left_out", ()))
+        data["culprits"] = tuple(data.get("culprits", ()))
         return cls(**data)

@@ -37,7 +37,8 @@ class Incident:
     previous: int
     """The generation the witness left."""
     cause: str
-    """Why the witness left the previous generation."""
+    """Why the job left the previous generation: the root cause its leader named (GenerationRecord.cause), else the
+    witness's own view of it."""
     witness: int
     """The slot that measured it."""
     world_size: int
@@ -112,8 +113,9 @@ class SlotReport:
     # -- the training thread (local only) ---------------------------------------------------
 
     def joined(self, generation: int, rank: int | None, heal_source: int | None, start_step: int,
-               world_size: int) -> None:
-        """A new generation: this process is its witness when it is the heal source and was training."""
+               world_size: int, cause: str | None = None) -> None:
+        """A new generation: this process is its witness when it is the heal source and was training. `cause`: the
+        change's root cause as its leader found it (else the incident keeps the witness's own view of it)."""
         with self._lock:
             self.generation, self.rank = generation, rank
             if self._commits:  # the newest commit is this window's last: its step time is the window's
@@ -122,7 +124,8 @@ class SlotReport:
             self._pending = None
             if rank is not None and rank == heal_source and self._last_commit is not None and self._left:
                 (committed_at, step), step_s = self._last_commit, self._last_step_s
-                left_at, previous, cause = self._left
+                left_at, previous, seen = self._left
+                cause = cause or seen
                 self._pending = (committed_at, step, step_s, left_at, previous, cause, start_step, world_size)
 
     def left(self, cause: str, restarts: int) -> None:

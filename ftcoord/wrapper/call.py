@@ -156,6 +156,17 @@ class CallWrapper:
         return self.record.members
 
     @property
+    def cause(self) -> str | None:
+        """Why the previous generation ended, root cause first, as the leader found it ("slot 1 died (SIGKILL),
+        seen by slot 0"); None in a first generation."""
+        return self.record.cause
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        """The slots whose own process ended the previous generation (died, hung, raised, was fenced or left)."""
+        return self.record.culprits
+
+    @property
     def is_leader(self) -> bool:
         """Whether this process currently leads coordination (it can change at any time)."""
         return self._participant.leader.is_leader
@@ -392,6 +403,19 @@ class CallWrapper:
         except Exception as error:  # evidence is an optimisation: the heartbeat timeout still decides
             self._log.warning("evidence_report_failed", error=str(error))
             return None
+
+    def report_raised(self, exc: BaseException) -> None:
+        """Record that this rank's own code raised `exc` and so ended the generation (ftcoord.protocol.evidence):
+        the leader names this slot as the cause, whichever member's interrupt came first. A failure to record is
+        logged, not raised.
+
+        Args:
+            exc: the exception the function raised (not a peer's failure).
+        """
+        try:
+            evidence.report_raised(self.store, self.iteration, self.slot, type(exc).__name__)
+        except Exception as error:  # the cause's name is for the operator and the verifier: never a new failure
+            self._log.warning("evidence_report_failed", error=str(error))
 
     def teardown(self, failed: bool = False) -> None:
         """Destroy what this generation created, so the next one starts clean.

@@ -268,7 +268,7 @@ class Wrapper:
                 call = CallWrapper(participant, record, restarts, pg_store, self.pg_timeout)
                 call.step = step
                 participant.report.joined(record.generation, call.rank, record.heal_source, record.start_step,
-                                          record.world_size)
+                                          record.world_size, record.cause)
                 logger.info("function_started", generation=record.generation, rank=call.rank,
                             world_size=record.world_size, restarts=restarts, mono=time.monotonic())
                 collateral, ended_by = True, None
@@ -287,6 +287,8 @@ class Wrapper:
                     # raised) or a collective failed because of a peer. Only this rank's own
                     # failures count against max_restarts.
                     collateral = is_peer_failure(exc) or participant.generations.is_interrupted(record.generation)
+                    if not collateral:
+                        call.report_raised(exc)
                     closed = call.report_closed_peers(exc)
                     if closed is not None:
                         participant.leader.note_closed(record)

@@ -124,7 +124,7 @@ def test_a_fault_aimed_at_the_leader_during_a_store_outage_waits_for_the_store_t
 
 def test_a_rank_killed_after_a_restart_is_named_by_its_peers_evidence(tmp_path: Path) -> None:
     """The bundled store-restart-kill scenario: the store restarts, then a rank is killed in the same generation. Its
-    peers' failed collectives name it (`closed=1` in the generation's cause), since every member published the ends
+    peers' failed collectives name it (`closed=1` in the interrupts they ask for), since every member published the ends
     of its group's connections again as it rebuilt the store; before, those were lost with the store and the
     evidence named nobody (`closed=?`), leaving the leader the heartbeat timeout to go on."""
     report = run("store-restart-kill", tmp_path)
@@ -139,8 +139,11 @@ def test_a_rank_killed_after_a_restart_is_named_by_its_peers_evidence(tmp_path: 
     assert sorted(rebuilt) == [0, 1, 2] and max(rebuilt.values()) < killed_at, (
         f"the kill fired at {killed_at}, before every process rebuilt the store ({rebuilt}): the scenario's timing "
         f"did not hold on this machine")
-    first = report["incidents"][0]  # the kill's (its replacement may come back after, a grow)
-    assert first["cause"].endswith(":closed=1"), report["incidents"]
+    first = min(report["incidents"], key=lambda i: i["generation"])  # the kill's (its replacement may come back after)
+    assert first["cause"].startswith("slot 1 "), report["incidents"]  # the leader named the killed slot
+    said = [e["reason"] for e in read_logs(logs, ("generation_interrupt_requested",))
+            if e["generation"] == first["previous"] and "closed=" in e["reason"]]
+    assert said and all(reason.endswith(":closed=1") for reason in said), said
     assert not read_logs(logs, ("store_instance_stale",)), "a process was superseded by the restart"
 
 
