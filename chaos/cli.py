@@ -53,11 +53,11 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
                   f"{report['checkpoint']['stall_s_total']} s stall")
     console.print(table)
     faults = Table(title="faults", title_justify="left")
-    for column in ("kind", "slot", "step", "detect s", "recover s", "full size s"):
+    for column in ("kind", "slot", "step", "fired at", "detect s", "recover s", "full size s"):
         faults.add_column(column)
     for f in report["faults"]:
-        faults.add_row(f["kind"], str(f["slot"]), str(f["step"]), str(f["detect_s"]), str(f["recover_s"]),
-                       str(f["full_recover_s"]))
+        faults.add_row(f["kind"], str(f["slot"]), str(f["step"]), str(f.get("fired_step")), str(f["detect_s"]),
+                       str(f["recover_s"]), str(f["full_recover_s"]))
     console.print(faults)
     if report.get("incidents"):
         incidents = Table(title="incidents (what each generation change cost, as `ftcoord status` shows it)",
@@ -65,7 +65,7 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
         for column in ("generation", "cause", "detect s", "stall s", "lost steps", "cost s"):
             incidents.add_column(column)
         for i in report["incidents"]:
-            incidents.add_row(str(i["generation"]), str(i["cause"])[:40], str(i["detect_s"]), str(i["stall_s"]),
+            incidents.add_row(str(i["generation"]), str(i["cause"]), str(i["detect_s"]), str(i["stall_s"]),
                               str(i["lost_steps"]), str(i["cost_s"]))
         console.print(incidents)
     for problem in report["problems"]:

@@ -67,9 +67,58 @@ def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: li
             if not any(e["slot"] == event["slot"] and e["mono"] > event["mono"] for e in started):
                 problems.append(f"planned fault {name} hit slot {event['slot']}, a hot spare, and {effect} never "
                                 f"happened")
+        elif effect == NEW_GENERATION:
+            if not _caused_change(event, events, records, _targets(scenario, planned.kind, event.get("slot"))):
+                problems.append(f"planned fault {name}, fired at step {fired_step(event, records)}, had no effect: "
+                                f"expected {effect} after it, its leader naming the slot the fault hit as the cause")
         elif not _had_effect(effect, event, records, scenario.job.nproc, planned.duration):
-            problems.append(f"planned fault {name} had no effect: expected {effect} after it")
+            problems.append(f"planned fault {name}, fired at step {fired_step(event, records)}, had no effect: "
+                            f"expected {effect} after it")
     return problems
+
+
+def fired_step(event: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    """The step at which a fault really fired: the steps committed by then (its plan's `step` counts the same way:
+    an outside fault fires once that many are committed, an in-rank one at that step's boundary or inside it)."""
+    return 1 + max((r["step"] for r in records if r["kind"] == "step" and r["mono"] <= event["mono"]), default=-1)
+
+
+NODE_KINDS = ("lose", "partition", "replace")
+"""Faults that hit a whole node: every slot of the node is their target."""
+
+
+def _targets(scenario: Scenario, kind: str, slot: int | None) -> set[int]:
+    """The slots a fault hit: the slot its event names, or every slot of that slot's node."""
+    if slot is None:
+        return set()
+    if kind in NODE_KINDS:
+        return set(scenario.job.node_slots[scenario.job.node_of(slot)])
+    return {slot}
+
+
+def _caused_change(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]],
+                   targets: set[int]) -> bool:
+    """A generation that started after the fault names one of its targets among its culprits (the slots its leader
+    found had ended the generation before: ftcoord.leader.attribution), and a step is committed from it on. Any new
+    generation is not enough: a fault ridden through would be credited with the next fault's effect. Nor is a change
+    the fault's when a later fault at the same target fired before the change began: that change is the later one's.
+    """
+    at = event["mono"]
+    started: dict[int, float] = {}
+    culprits: dict[int, set[int]] = {}
+    for r in records:
+        if r["kind"] == "generation" and r["mono"] > at:
+            started[r["generation"]] = min(r["mono"], started.get(r["generation"], r["mono"]))
+            culprits.setdefault(r["generation"], set()).update(r.get("culprits") or ())
+    named = [g for g in sorted(started) if culprits[g] & targets]
+    if not named:
+        return False
+    first = named[0]
+    later = [e for e in events if e is not event and e.get("fired", True) and at < e["mono"] < started[first]
+             and e.get("slot") in targets & culprits[first]]
+    if later:
+        return False
+    return any(r["kind"] == "step" and r["mono"] > at and r["generation"] >= first for r in records)
 
 
 def _standing_still(event: dict[str, Any], events: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:

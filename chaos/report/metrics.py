@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from chaos.proof.effects import fired_step
 from chaos.scenario import STANDBY_KINDS, STOP_KINDS, STORE_KINDS
 from training.ledger import files_under
 
@@ -88,6 +89,7 @@ def fault_timings(faults: list[dict[str, Any]], records: list[dict[str, Any]], l
                 detect = recover = full = None
                 note = _noted(note, _RIDDEN_THROUGH[fault["kind"]])
         timed.append({"kind": fault["kind"], "slot": fault["slot"], "step": fault["step"],
+                      "fired_step": fired_step(fault, records) if fault.get("fired", True) else None,
                       "detect_s": _round(detect), "recover_s": _round(recover), "full_recover_s": _round(full),
                       "note": note})
     return timed

@@ -149,11 +149,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"| checkpoints ({report['checkpoint']['strategy']}) | {report['checkpoint']['saves']} saves, "
         f"{report['checkpoint']['stall_s_total']} s stall |",
         "", "## Faults", "",
-        "| kind | slot | step | detect (s) | recover (s) | full size (s) | note |", "|---|---|---|---|---|---|---|",
+        "| kind | slot | step | fired at | detect (s) | recover (s) | full size (s) | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for f in report["faults"]:  # a None is explained in its note (ridden through, a hot spare hit)
-        lines.append(f"| {f['kind']} | {f['slot']} | {f['step']} | {f['detect_s']} | {f['recover_s']} | "
-                     f"{f['full_recover_s']} | {f.get('note', '')} |")
+        lines.append(f"| {f['kind']} | {f['slot']} | {f['step']} | {f.get('fired_step')} | {f['detect_s']} | "
+                     f"{f['recover_s']} | {f['full_recover_s']} | {f.get('note', '')} |")
     lines += ["", "## Incidents (what each generation change cost; the numbers `ftcoord status` shows)", "",
               "| generation | cause | detect (s) | stall (s) | lost steps | cost (s) |", "|---|---|---|---|---|---|"]
     for i in report.get("incidents", []):

@@ -226,6 +226,11 @@ def test_demo(tmp_path: Path) -> None:
     a replacement is coming as it kills it, so the leader waits for it instead of shrinking."""
     report = run("demo", tmp_path)
     assert len(report["faults"]) == 4 and report["world_sizes"] == [3], report["faults"]
+    # Each change is put down to the slot the fault hit, not to the survivor whose collective failed first.
+    causes = [i["cause"] for i in sorted(report["incidents"], key=lambda i: i["generation"])]
+    assert len(causes) == 4, report["incidents"]
+    for fault, cause in zip(sorted(report["faults"], key=lambda f: f["step"]), causes, strict=True):
+        assert cause.startswith(f"slot {fault['slot']} "), (fault, causes)
 
 
 def test_raise(tmp_path: Path) -> None:

@@ -37,6 +37,11 @@ def steps(world_size: int, first: int, last: int) -> list[dict[str, Any]]:
             for s in range(first, last + 1)]
 
 
+def change(generation: int, mono: float, culprits: list[int]) -> dict[str, Any]:
+    """A rank's line for the start of `generation`, whose leader named `culprits` as the cause of the change."""
+    return {"kind": "generation", "generation": generation, "mono": mono, "culprits": culprits}
+
+
 def test_a_rank_fault_at_a_step_trained_by_a_smaller_world_says_so() -> None:
     problems = fault_problems(parse(SCENARIO), [], steps(4, 0, 9) + steps(2, 10, 40), [])
     assert problems == [
@@ -87,13 +92,14 @@ def test_a_store_fault_while_the_job_stands_still_is_held_to_training_on() -> No
     problem. Alone, the same store fault is still held to steps committed while the store is away."""
     scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
                                       'kind = "store-restart"\nstep = 20\nduration = 1.0'))
-    partition = {"index": 1, "kind": "kill", "mono": 30.5}  # stands for the fault the job stood still behind
+    partition = {"index": 1, "kind": "kill", "mono": 30.5, "slot": 1}  # the fault the job stood still behind
     store = {"index": 0, "kind": "store-restart", "mono": 31.0}
     still = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 10, "generation": 2} for r in steps(4, 31, 39)]
+    still.append(change(2, 40.5, [1]))
     assert fault_problems(scenario, [partition, store], still, []) == []
     alone = fault_problems(scenario, [store, {**partition, "mono": 35.5}], still, [])
-    assert alone == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
-                     "while the store is away (the step path needs no store) after it"]
+    assert alone == ["planned fault store-restart at step 20 (slot 0), fired at step 31, had no effect: expected steps "
+                     "are committed while the store is away (the step path needs no store) after it"]
 
 
 def test_a_store_fault_behind_a_stall_whose_step_the_peers_recorded_a_moment_later_is_held_to_training_on() -> None:
@@ -103,14 +109,15 @@ def test_a_store_fault_behind_a_stall_whose_step_the_peers_recorded_a_moment_lat
     nothing. A step beyond 30 committed during the outage is still required of the store fault alone."""
     scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
                                       'kind = "store-restart"\nstep = 20\nduration = 1.0'))
-    stall = {"index": 1, "kind": "kill", "mono": 30.0}  # the stuck rank's marker, as it committed step 30 (its record)
+    stall = {"index": 1, "kind": "kill", "mono": 30.0, "slot": 1}  # the stuck rank's marker, as it committed step 30
     store = {"index": 0, "kind": "store-restart", "mono": 31.5}
     ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 10, "generation": 2} for r in steps(4, 31, 39)]
+    ran.append(change(2, 40.5, [1]))
     peers = [{**r, "mono": 30.01} for r in steps(4, 30, 30)]  # a peer's record of step 30, after the marker
     assert fault_problems(scenario, [stall, store], ran + peers, []) == []
     alone = fault_problems(scenario, [store, {**stall, "mono": 35.0}], ran + peers, [])
-    assert alone == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
-                     "while the store is away (the step path needs no store) after it"]
+    assert alone == ["planned fault store-restart at step 20 (slot 0), fired at step 31, had no effect: expected steps "
+                     "are committed while the store is away (the step path needs no store) after it"]
 
 
 def test_a_store_fault_cut_short_by_a_kill_before_its_next_step_is_held_to_training_on() -> None:
@@ -120,12 +127,13 @@ def test_a_store_fault_cut_short_by_a_kill_before_its_next_step_is_held_to_train
     scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
                                       'kind = "store-restart"\nstep = 20\nduration = 3.0'))
     store = {"index": 0, "kind": "store-restart", "mono": 30.2, "fired": True}
-    kill = {"index": 1, "kind": "kill", "mono": 30.7, "fired": True}  # half a step time later
+    kill = {"index": 1, "kind": "kill", "mono": 30.7, "fired": True, "slot": 1}  # half a step time later
     ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 10, "generation": 2} for r in steps(4, 31, 39)]
+    ran.append(change(2, 40.5, [1]))
     assert fault_problems(scenario, [store, kill], ran, []) == []
     late = fault_problems(scenario, [store, {**kill, "mono": 32.5}], ran, [])
-    assert late == ["planned fault store-restart at step 20 (slot 0) had no effect: expected steps are committed "
-                    "while the store is away (the step path needs no store) after it"]
+    assert late == ["planned fault store-restart at step 20 (slot 0), fired at step 31, had no effect: expected steps "
+                    "are committed while the store is away (the step path needs no store) after it"]
     slow = Fault(kind="slow", slot=1, step=30, duration=1.0)  # shorter than the outage (3 s)
     short = fault_problems(replace(scenario, faults=(scenario.faults[0], slow)), [store, {**kill, "kind": "slow"}],
                            ran, [])
@@ -153,8 +161,43 @@ def test_a_leader_that_was_a_hot_spare_is_held_to_its_replacement_not_to_a_new_g
     replaced = [{"slot": 100000, "mono": 20.6}]
     assert fault_problems(scenario, [kill], records, replaced) == []
     assert fault_problems(scenario, [{**kill, "member": None}], records, replaced) == [  # as it was recorded
-        "planned fault kill-leader at step 20 (slot 0) had no effect: expected a newer generation commits a step after "
-        "it"]
+        "planned fault kill-leader at step 20 (slot 0), fired at step 21, had no effect: expected a newer generation "
+        "commits a step after it, its leader naming the slot the fault hit as the cause"]
     assert fault_problems(scenario, [kill], records, []) == [
         "planned fault kill-leader at step 20 (slot 0) hit slot 100000, a hot spare, and its launcher replaces the hot "
         "spare it hit never happened"]
+
+
+def test_a_fault_is_credited_only_with_a_change_its_leader_blamed_on_the_slot_it_hit() -> None:
+    """A 0.3 s hang (ridden through: the heartbeat timeout is 2 s) followed 4 steps later by a kill of another slot
+    passed: any newer generation after a fault counted as its effect. The same hang alone failed."""
+    scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
+                                      'kind = "hang"\nslot = 2\nstep = 20\nduration = 0.3'))
+    hang = {"index": 0, "kind": "hang", "mono": 20.5, "slot": 2}
+    kill = {"index": 1, "kind": "kill", "mono": 30.5, "slot": 1}
+    ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 1, "generation": 2} for r in steps(4, 31, 40)]
+    killed = [*ran, change(2, 31.2, [1])]
+    assert fault_problems(scenario, [hang, kill], killed, []) == [
+        "planned fault hang at step 20 (slot 2), fired at step 21, had no effect: expected a newer generation commits "
+        "a step after it, its leader naming the slot the fault hit as the cause"]
+    both = [*ran, change(2, 31.2, [1, 2])]  # one change for both: each fault is credited with it
+    assert fault_problems(scenario, [hang, kill], both, []) == []
+    unnamed = [*ran, change(2, 31.2, [])]  # a change whose leader named nobody proves neither
+    assert len(fault_problems(scenario, [hang, kill], unnamed, [])) == 2
+
+
+def test_a_change_after_two_faults_at_one_slot_is_the_later_ones() -> None:
+    """A hang ridden through, then a kill of the same slot: the change names that slot, and it is the kill's."""
+    scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
+                                      'kind = "hang"\nslot = 1\nstep = 20\nduration = 3.0'))
+    hang = {"index": 0, "kind": "hang", "mono": 20.5, "slot": 1}
+    kill = {"index": 1, "kind": "kill", "mono": 30.5, "slot": 1}
+    ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 1, "generation": 2} for r in steps(4, 31, 40)]
+    problems = fault_problems(scenario, [hang, kill], [*ran, change(2, 31.2, [1])], [])
+    assert problems == [
+        "planned fault hang at step 20 (slot 1), fired at step 21, had no effect: expected a newer generation commits "
+        "a step after it, its leader naming the slot the fault hit as the cause"]
+    hung_long = [*steps(4, 0, 20), *[{**r, "generation": 2} for r in steps(4, 21, 30)],  # the hang's own change
+                 *[{**r, "mono": r["mono"] + 1, "generation": 3} for r in steps(4, 31, 40)],
+                 change(2, 20.9, [1]), change(3, 31.2, [1])]
+    assert fault_problems(scenario, [hang, kill], hung_long, []) == []

@@ -15,7 +15,8 @@ from chaos.report.metrics import fault_timings
 
 
 def _step(mono: float, generation: int, pid: int, world_size: int = 3) -> dict[str, Any]:
-    return {"kind": "step", "mono": mono, "generation": generation, "pid": pid, "world_size": world_size}
+    return {"kind": "step", "step": int(mono), "mono": mono, "generation": generation, "pid": pid,
+            "world_size": world_size}
 
 
 def _faults() -> list[dict[str, Any]]:
