@@ -127,9 +127,10 @@ class InterruptWatch:
         self._announced = max(self._announced, generation)
 
     def request_stop(self) -> None:
-        """Ask the whole job to stop (safe to call from a signal handler): the heartbeat thread carries it."""
+        """Ask the whole job to stop: the heartbeat thread carries it at once. Safe from a signal handler, which runs
+        in the training thread between two bytecodes: it sets only Events that thread never sets itself, so it never
+        waits for a lock that thread holds (not `_changed`, which `watch` sets)."""
         self._local_stop.set()
-        self._changed.set()
         self._on_beat()
 
     @property
