@@ -101,8 +101,9 @@ def _caused_change(event: dict[str, Any], events: list[dict[str, Any]], records:
     """A generation that started after the fault names one of its targets among its culprits (the slots its leader
     found had ended the generation before: ftcoord.leader.attribution), and a step is committed from it on. Any new
     generation is not enough: a fault ridden through would be credited with the next fault's effect. Nor is a change
-    the fault's when a later fault at the same target fired before the change began: that change is the later one's.
-    """
+    the fault's when a later fault that ends generations hit another process of the same target before the change
+    began: that change is the later one's (a store fault, a pause or a second signal to the same process takes
+    nothing)."""
     at = event["mono"]
     started: dict[int, float] = {}
     culprits: dict[int, set[int]] = {}
@@ -115,7 +116,8 @@ def _caused_change(event: dict[str, Any], events: list[dict[str, Any]], records:
         return False
     first = named[0]
     later = [e for e in events if e is not event and e.get("fired", True) and at < e["mono"] < started[first]
-             and e.get("slot") in targets & culprits[first]]
+             and EFFECTS.get(e.get("kind", "")) == NEW_GENERATION and e.get("slot") in targets & culprits[first]
+             and (e.get("pid") is None or e.get("pid") != event.get("pid"))]
     if later:
         return False
     return any(r["kind"] == "step" and r["mono"] > at and r["generation"] >= first for r in records)

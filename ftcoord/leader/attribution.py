@@ -26,6 +26,7 @@ DECLARED = {keys.HUNG: "hung", keys.HEARTBEAT_STALE: "stopped beating", keys.GON
 """The judge's reasons for declaring a member dead, in a few words."""
 
 _NAMED_AT_MOST = 4  # culprits described one by one; the rest are counted
+_TEXT_AT_MOST = 300  # a cause carried through generations that never trained grows: every member reads the record
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def _without_culprit(interrupt: str) -> str:
 
 
 def find_cause(store: dist.Store, previous: GenerationRecord | None, decided: GenerationRecord) -> Cause | None:
-    """The root cause of the change from `previous` to `decided` (None when there was no previous generation).
+    """The root cause of the change from `previous` to `decided` (None when there was no previous generation). When
+    `previous` committed no step (cut while it formed), its own cause and culprits are carried into this one.
 
     Args:
         store: the job's store.
@@ -103,8 +105,16 @@ def find_cause(store: dist.Store, previous: GenerationRecord | None, decided: Ge
         elif declared:
             culprits[member] = declared
     if not culprits:
-        return Cause(_without_culprit(interrupt), ())
-    named = [f"slot {slot} {what}" for slot, what in list(culprits.items())[:_NAMED_AT_MOST]]
-    more = len(culprits) - len(named)
-    text = "; ".join(named) + (f"; and {more} more" if more else "") + _seen_by(interrupt, culprits)
-    return Cause(text, tuple(culprits))
+        cause = Cause(_without_culprit(interrupt), ())
+    else:
+        named = [f"slot {slot} {what}" for slot, what in list(culprits.items())[:_NAMED_AT_MOST]]
+        more = len(culprits) - len(named)
+        text = "; ".join(named) + (f"; and {more} more" if more else "") + _seen_by(interrupt, culprits)
+        cause = Cause(text, tuple(culprits))
+    if decided.start_step <= previous.start_step and previous.cause is not None:
+        # The ended generation committed no step (it was cut while it formed: a joiner, a second fault): the change
+        # from the last generation that trained is still its cause's as well.
+        carried = tuple(slot for slot in previous.culprits if slot not in cause.culprits)
+        text = f"{cause.text}; before that, {previous.cause}"
+        cause = Cause(text if len(text) <= _TEXT_AT_MOST else text[:_TEXT_AT_MOST - 1] + "…", cause.culprits + carried)
+    return cause

@@ -84,4 +84,6 @@ def last_exit(raw: bytes | None, incarnation: int) -> Exit | None:
         exit_ = Exit(**said) if said else None
     except (ValueError, TypeError, AttributeError):
         return None
-    return exit_ if exit_ is not None and exit_.incarnation == incarnation else None
+    if exit_ is None or not isinstance(exit_.code, int) or not isinstance(exit_.kind, str):
+        return None  # a report this code did not write
+    return exit_ if exit_.incarnation == incarnation else None

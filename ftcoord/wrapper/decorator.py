@@ -287,7 +287,7 @@ class Wrapper:
                     # raised) or a collective failed because of a peer. Only this rank's own
                     # failures count against max_restarts.
                     collateral = is_peer_failure(exc) or participant.generations.is_interrupted(record.generation)
-                    if not collateral:
+                    if not is_peer_failure(exc):  # its own code raised, even in a generation already ending
                         call.report_raised(exc)
                     closed = call.report_closed_peers(exc)
                     if closed is not None:

@@ -83,3 +83,21 @@ def test_a_member_left_out_alive_is_named_but_a_spare_kept_out_is_not(store: dis
     cause = find_cause(store, PREVIOUS, decided)
     assert cause is not None and cause.culprits == (1, 2)
     assert cause.text == "slot 1 raised RuntimeError; slot 2 did not come back"
+
+
+def test_a_generation_cut_while_it_formed_hands_its_cause_on(store: dist.Store) -> None:
+    """Slot 1 killed; generation 5 decided without it, then cut before it committed a step by the replacement's
+    join: the change to 6 is still the kill's (the verifier credits the kill with the first generation that names
+    slot 1 and trains)."""
+    store.set(keys.interrupt(4), "exception:slot=0:RuntimeError:closed=1")
+    exited(store, 1, 1, -9, "signal")
+    without = replace(record(5, [(0, 1), (2, 1)]), start_step=40)
+    cause = find_cause(store, replace(PREVIOUS, start_step=30), without)
+    assert cause is not None and cause.culprits == (1,)
+    formed = replace(without, cause=cause.text, culprits=cause.culprits)
+    store.set(keys.interrupt(5), "grow:slot=1")
+    regrown = find_cause(store, formed, replace(record(6, [(0, 1), (1, 2), (2, 1)]), start_step=40))
+    assert regrown is not None and regrown.culprits == (1,)
+    assert regrown.text == "slot 1 joined; before that, slot 1 died (SIGKILL), seen by slot 0"
+    trained = find_cause(store, formed, replace(record(6, [(0, 1), (1, 2), (2, 1)]), start_step=45))
+    assert trained is not None and (trained.culprits, trained.text) == ((), "slot 1 joined")

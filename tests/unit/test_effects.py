@@ -201,3 +201,18 @@ def test_a_change_after_two_faults_at_one_slot_is_the_later_ones() -> None:
                  *[{**r, "mono": r["mono"] + 1, "generation": 3} for r in steps(4, 31, 40)],
                  change(2, 20.9, [1]), change(3, 31.2, [1])]
     assert fault_problems(scenario, [hang, kill], hung_long, []) == []
+
+
+def test_a_fault_that_ends_no_generation_or_hits_the_same_process_takes_no_change() -> None:
+    """A store restart listed after a kill of slot 0 (recorded with slot 0: it hits no slot), or a second signal to
+    the killed process before it was reaped, fired before the change began: neither takes the kill's change."""
+    scenario = parse(SCENARIO.replace('kind = "raise"\nrank = 3\nstep = 20',
+                                      'kind = "store-restart"\nstep = 30\nduration = 1.0'))
+    scenario = replace(scenario, faults=(Fault(kind="kill", slot=0, step=30), scenario.faults[0]))
+    kill = {"index": 0, "kind": "kill", "mono": 30.5, "slot": 0, "pid": 10}
+    store = {"index": 1, "kind": "store-restart", "mono": 30.6, "slot": 0}
+    ran = steps(4, 0, 30) + [{**r, "mono": r["mono"] + 1, "generation": 2} for r in steps(4, 31, 40)]
+    assert fault_problems(scenario, [kill, store], [*ran, change(2, 31.2, [0])], []) == []
+    again = {**kill, "index": 1, "kind": "kill", "mono": 30.6}  # the same pid, signalled again
+    twice = replace(scenario, faults=(scenario.faults[0], Fault(kind="kill", slot=0, step=30)))
+    assert fault_problems(twice, [kill, again], [*ran, change(2, 31.2, [0])], []) == []
