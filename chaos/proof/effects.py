@@ -115,11 +115,10 @@ def _caused_change(event: dict[str, Any], events: list[dict[str, Any]], records:
     if not named:
         return False
     first = named[0]
-    later = [e for e in events if e is not event and e.get("fired", True) and at < e["mono"] < started[first]
-             and EFFECTS.get(e.get("kind", "")) == NEW_GENERATION and e.get("slot") in targets & culprits[first]
-             and (e.get("pid") is None or e.get("pid") != event.get("pid"))]
-    if later:
-        return False
+    if any(e is not event and e.get("fired", True) and at < e["mono"] < started[first]
+           and EFFECTS.get(e.get("kind", "")) == NEW_GENERATION and e.get("slot") in targets & culprits[first]
+           and (e.get("pid") is None or e.get("pid") != event.get("pid")) for e in events):
+        return False  # a later fault's change
     return any(r["kind"] == "step" and r["mono"] > at and r["generation"] >= first for r in records)
 
 

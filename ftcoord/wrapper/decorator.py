@@ -286,8 +286,9 @@ class Wrapper:
                     # Collateral: the generation was already over (a peer died, hung or
                     # raised) or a collective failed because of a peer. Only this rank's own
                     # failures count against max_restarts.
-                    collateral = is_peer_failure(exc) or participant.generations.is_interrupted(record.generation)
-                    if not is_peer_failure(exc):  # its own code raised, even in a generation already ending
+                    peer_failed = is_peer_failure(exc)
+                    collateral = peer_failed or participant.generations.is_interrupted(record.generation)
+                    if not peer_failed:  # its own code raised, even in a generation already ending
                         call.report_raised(exc)
                     closed = call.report_closed_peers(exc)
                     if closed is not None:
