@@ -57,6 +57,25 @@ def _signal_mask(pid: int, field: str) -> int:
     return 0
 
 
+def blocking(pid: int, signum: int) -> set[int]:
+    """The threads of `pid` that block `signum` now (`SigBlk`): a thread running a handler installed without
+    SA_NODEFER blocks that handler's signal until the handler returns. Empty when the process is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return set()
+    held = set()
+    for tid in tids:
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended
+        mask = next((line.partition(":")[2] for line in status.splitlines() if line.startswith("SigBlk:")), "0")
+        if int(mask.strip(), 16) >> (signum - 1) & 1:
+            held.add(int(tid))
+    return held
+
+
 def catches(pid: int, signum: int) -> bool:
     """The process has a handler for `signum` (its default action, often termination, would not run)."""
     return bool(_signal_mask(pid, "SigCgt") >> (signum - 1) & 1)

@@ -3,10 +3,10 @@
 A process fenced for its silence logs nothing itself: its Python code does not run (the interpreter frozen, a
 native call that holds the GIL, a helper thread stuck in a store call). faulthandler's signal handler still runs:
 it writes every thread's Python stack from C, without the GIL. A rank registers it for DUMP_SIGNAL (`install`, from
-Wrapper.run; `uninstall` at its end); a launcher that fences a process sends it that signal first and waits at most
-DUMP_WAIT_S before the kill (`before_kill`), with the kernel's view of each thread written below the stacks. The
-launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S for that, ftcoord.leader.judge),
-so the dump delays only the kill.
+Wrapper.run; `uninstall` at its end); a launcher that fences a process sends it that signal first and waits, bounded,
+for the handler to return before the kill (`before_kill`), with the kernel's view of each thread written below the
+stacks. The launcher says a replacement is coming before this (the leader waits FENCE_ANSWER_S for that,
+ftcoord.leader.judge), so the dump delays only the kill.
 """
 
 from __future__ import annotations
@@ -22,16 +22,19 @@ from typing import TextIO
 
 from structlog.typing import FilteringBoundLogger
 
-from ftcoord.host.process_state import catches, pending, stopped, threads
+from ftcoord.host.process_state import blocking, catches, pending, state, stopped, threads
 
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 """A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or
 sent."""
 DUMP_WAIT_S = 0.2
-"""The longest a fence waits for a dump: a thread to take the signal and its stacks to be written."""
-WRITTEN_S = 0.02
-"""How long a dump's file must stand still to be taken as written (the handler writes at once, but a process may lose
-its core in the middle on a busy node); also how long a dump to stderr, which cannot be watched, is given."""
+"""The longest a fence waits for a thread of the process to take the signal."""
+WRITE_WAIT_S = 1.0
+"""The longest a fence waits, once the signal was taken, for the handler to have written every stack and returned (a
+few milliseconds, unless the process loses its core in the middle on a busy node)."""
+UNSEEN_S = 0.02
+"""A handler never seen running and that wrote nothing where it was watched (it finished between two looks, or wrote
+to stderr or another log directory) is taken as finished this long after the signal was taken."""
 _POLL_S = 0.005
 
 _dump_file: TextIO | None = None  # kept open: faulthandler writes to its descriptor
@@ -82,15 +85,21 @@ def uninstall() -> None:
 
 
 def dump(pid: int, path: Path | None) -> str:
-    """Ask `pid` for its stacks and wait for them (at most DUMP_WAIT_S: until a thread of it took the signal and the
-    file stood still for WRITTEN_S); what came of it: "dumped", "stopped" (a stopped process runs no handler),
-    "not_installed" (it catches no DUMP_SIGNAL: not a Wrapper's rank, or not there yet), "undelivered" (no thread
-    took the signal in time: one in uninterruptible sleep, say), "elsewhere" (it took the signal, and `path` stayed
-    empty: the rank was given a log directory of its own) or "gone"."""
+    """Ask `pid` for its stacks and wait until its handler has written them and returned; what came of it:
+    "dumped", "stopped" (a stopped process runs no handler), "not_installed" (it catches no DUMP_SIGNAL: not a
+    Wrapper's rank, or not there yet), "undelivered" (no thread took the signal within DUMP_WAIT_S: one in
+    uninterruptible sleep, say), "cut_short" (the handler was still writing WRITE_WAIT_S after it began), "elsewhere"
+    (the handler ran, and `path` did not grow: the rank was given a log directory of its own) or "gone".
+
+    The handler is installed without SA_NODEFER, so the thread running it blocks DUMP_SIGNAL until it returns
+    (`process_state.blocking`): a file that stands still is no sign of the end, since a handler that lost its core
+    stands still too."""
     if stopped(pid):
         return "stopped"
     if not catches(pid, DUMP_SIGNAL):
         return "not_installed"
+    blocked_anyway = blocking(pid, DUMP_SIGNAL)  # a thread that blocks it for its own reasons runs no handler
+    size = _size(path)
     try:
         os.kill(pid, DUMP_SIGNAL)
     except ProcessLookupError:
@@ -100,18 +109,30 @@ def dump(pid: int, path: Path | None) -> str:
         if time.monotonic() > deadline:
             return "undelivered"
         time.sleep(_POLL_S)
-    if path is None:
-        time.sleep(WRITTEN_S)
-        return "dumped"
-    size, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        now = path.stat().st_size if path.exists() else 0
-        if now != size:
-            size, since = now, time.monotonic()
-        elif size > 0 and time.monotonic() - since >= WRITTEN_S:
-            return "dumped"
+    taken = time.monotonic()
+    seen_running = False
+    while True:
+        if state(pid) in (None, "Z"):
+            return "gone"
+        if blocking(pid, DUMP_SIGNAL) - blocked_anyway:
+            seen_running = True
+        else:
+            grew = _size(path) > size
+            if grew or (seen_running and path is None):
+                return "dumped"
+            if seen_running or time.monotonic() - taken >= UNSEEN_S:
+                return "elsewhere" if path is not None else "dumped"
+        if time.monotonic() - taken > WRITE_WAIT_S:
+            return "cut_short"
         time.sleep(_POLL_S)
-    return "dumped" if size > 0 else "elsewhere"
+
+
+def _size(path: Path | None) -> int:
+    """The size of `path`; 0 when there is none."""
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
 
 
 KERNEL_VIEW = ("Threads as the kernel saw them at the fence (R: computing; S: asleep in the kernel function named, "

@@ -363,7 +363,7 @@ class Supervisor:
         Even inside `call.atomic()` (a checkpoint commit): a commit is crash-safe by construction
         (a kill mid-write leaves a temp directory, never a torn checkpoint), so waiting would only
         turn a hang into a longer stall for every peer. The kill waits only for the process's stacks
-        (ftcoord.host.stack_dump: DUMP_WAIT_S at most, after the replacement was announced).
+        (ftcoord.host.stack_dump: DUMP_WAIT_S + WRITE_WAIT_S at most, after the replacement was announced).
         """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
         for slot in self._fences.fenced(running, now):

@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from ftcoord.host import stack_dump
-from ftcoord.host.process_state import stopped
+from ftcoord.host.process_state import blocking, stopped
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 
@@ -83,3 +84,64 @@ def test_a_stopped_process_or_one_without_the_handler_is_not_sent_the_signal(tmp
     finally:
         _end(plain)
         _end(frozen)
+
+
+SLOW_TO_DUMP = """
+import re, sys, threading, time
+from ftcoord.host import stack_dump
+stack_dump.install(sys.argv[1], 5)
+THREADS, DEPTH = 90, 90  # faulthandler writes at most 100 threads of 100 frames: a dump of some 300 KB
+ready = threading.Barrier(THREADS + 1)
+
+def deep(depth):
+    if depth:
+        return deep(depth - 1)
+    ready.wait()
+    time.sleep(3600)
+
+for _ in range(THREADS):
+    threading.Thread(target=deep, args=(DEPTH,), daemon=True).start()
+ready.wait()
+
+def frozen_here():
+    print("frozen", flush=True)
+    re.match(r"(a+)+$", "a" * 64 + "b")
+
+frozen_here()
+"""
+
+
+def _stall_mid_dump(pid: int, path: Path, seen: dict[str, bool]) -> None:
+    """Stop `pid` as soon as its dump has begun, note whether it was still writing, and continue it 0.1 s later."""
+    while not (path.exists() and path.stat().st_size > 0):
+        pass
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: stopped(pid), 10, "the dumping process stopped", poll=0.001)
+    seen["mid_dump"] = bool(blocking(pid, stack_dump.DUMP_SIGNAL)) and "in frozen_here" not in path.read_text()
+    time.sleep(0.1)  # the planted stall: the handler's thread has no core for 0.1 s
+    os.kill(pid, signal.SIGCONT)
+
+
+def test_a_handler_that_loses_its_core_mid_dump_is_waited_for_to_the_end(tmp_path: Path) -> None:
+    """On a busy node the thread writing the stacks may stand still in the middle (here: SIGSTOPped there for 0.1 s).
+    A file that stops growing is no sign of the end: the fence waits until the handler returned, so the main thread,
+    written last, is in the file."""
+    for _attempt in range(5):  # the stop must land mid-dump; a dump done before it proves nothing and is tried again
+        process = _start(SLOW_TO_DUMP, str(tmp_path))
+        path = stack_dump.dump_path(tmp_path, 5, process.pid)
+        seen: dict[str, bool] = {}
+        staller = threading.Thread(target=_stall_mid_dump, args=(process.pid, path, seen), daemon=True)
+        staller.start()
+        try:
+            outcome = stack_dump.dump(process.pid, path)
+            staller.join(10)
+            if not seen.get("mid_dump"):
+                continue
+            assert outcome == "dumped"
+            assert not blocking(process.pid, stack_dump.DUMP_SIGNAL), "the handler was still running"
+            text = path.read_text()
+            assert "in frozen_here" in text and text.count("in deep") >= 90 * 90, text[-2000:]
+            return
+        finally:
+            _end(process)
+    raise AssertionError("in 5 tries the stop never landed while the stacks were being written")
