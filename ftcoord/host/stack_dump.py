@@ -27,12 +27,12 @@ from ftcoord.host.process_state import blocking, catches, pending, state, stoppe
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 """A real-time signal, so that no handler of the user's (SIGUSR1, SIGUSR2: SLURM's --signal, say) is replaced or
 sent."""
-DUMP_WAIT_S = 0.2
+DUMP_WAIT_S = 1.0
 """The longest a fence waits for a thread of the process to take the signal."""
 WRITE_WAIT_S = 1.0
 """The longest a fence waits, once the signal was taken, for the handler to have written every stack and returned (a
 few milliseconds, unless the process loses its core in the middle on a busy node)."""
-UNSEEN_S = 0.02
+UNSEEN_S = 0.5
 """A handler never seen running and that wrote nothing where it was watched (it finished between two looks, or wrote
 to stderr or another log directory) is taken as finished this long after the signal was taken."""
 _POLL_S = 0.005

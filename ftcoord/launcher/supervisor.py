@@ -366,12 +366,15 @@ class Supervisor:
         (ftcoord.host.stack_dump: DUMP_WAIT_S + WRITE_WAIT_S at most, after the replacement was announced).
         """
         running = [s for s in self.slots.values() if s.process is not None and s.process.poll() is None]
-        for slot in self._fences.fenced(running, now):
+        fenced = self._fences.fenced(running, now)
+        for slot in fenced:  # every answer first: the leader waits FENCE_ANSWER_S for each, not for the dumps
             assert slot.process is not None
             self._log.warning("rank_fenced_killed", slot=slot.slot, pid=slot.process.pid,
                               incarnation=slot.incarnation)
             if replacing:
                 self._replacement_coming(slot, read_int(self.store, keys.incarnation(slot.slot)))
+        for slot in fenced:
+            assert slot.process is not None
             stack_dump.before_kill(slot.process.pid, slot.slot, self.config.log_dir, self._log)
             slot.process.kill()
             slot.fence_killed = True

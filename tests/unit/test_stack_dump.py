@@ -59,7 +59,7 @@ def test_a_process_frozen_holding_the_gil_writes_every_stack_before_the_kill(tmp
         path = stack_dump.dump_path(tmp_path, 5, process.pid)
         started = time.monotonic()
         assert stack_dump.dump(process.pid, path) == "dumped"
-        assert time.monotonic() - started < stack_dump.DUMP_WAIT_S + 0.1
+        assert time.monotonic() - started < stack_dump.DUMP_WAIT_S + stack_dump.WRITE_WAIT_S
         assert process.poll() is None, "the dump ended the process"
         text = path.read_text()
         assert "in frozen_here" in text and "in beat_forever" in text, text
@@ -80,7 +80,7 @@ def test_a_stopped_process_or_one_without_the_handler_is_not_sent_the_signal(tmp
         wait_until(lambda: stopped(frozen.pid), 10, "the process stopped")
         started = time.monotonic()
         assert stack_dump.dump(frozen.pid, stack_dump.dump_path(tmp_path, 5, frozen.pid)) == "stopped"
-        assert time.monotonic() - started < 0.05
+        assert time.monotonic() - started < stack_dump.DUMP_WAIT_S  # no signal sent, nothing waited for
     finally:
         _end(plain)
         _end(frozen)
