@@ -349,7 +349,8 @@ def test_a_node_lost_with_the_hot_spare_on_it_costs_no_heartbeat_timeout(tmp_pat
         'global_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\nckpt_strategy = "none"\n'
         'nodes = [[0, 1], [2, 3]]\nspares = 1\n[[faults]]\nkind = "lose"\nslot = 0\nstep = 30\n')
     report = run(str(scenario), tmp_path)
-    assert report["world_sizes"] == [2, 4] and report["faults"][0]["recover_s"] < 1.0, report["faults"]
+    # Below the heartbeat timeout (2 s): a spare waited for costs that timeout (2.1-2.7 s), an answer 0.3-0.7 s.
+    assert report["world_sizes"] == [2, 4] and report["faults"][0]["recover_s"] < 1.8, report["faults"]
 
 
 def test_a_paused_hot_spare_is_not_seated_in_place_of_a_killed_member(tmp_path: Path) -> None:

@@ -140,6 +140,6 @@ def test_a_rank_hung_inside_a_checkpoint_commit_is_fenced_at_the_hang_detection_
     assert fenced, "the hung rank was never fenced"
     waited = fenced[0]["mono"] - float(stopped_at)
     print(f"hung inside a commit: fenced after {waited:.2f} s")
-    assert waited <= 1.0 + 0.1 + 0.6, f"fenced {waited:.2f}s after it hung (heartbeat timeout 1 s)"
+    assert waited <= 1.0 + 1.5, f"fenced {waited:.2f}s after it hung (heartbeat timeout 1 s; no grace of 30 s)"
     proof = run.verify(120)
     assert proof.passed, proof.problems

@@ -242,8 +242,10 @@ def test_the_leader_polls_a_rejoin_past_a_tick_while_the_announcements_keep_comi
         answer = compare_set(key, *args, **kwargs)
         if key == keys.joiners(2):
             polls.append(answer.count(b"\n"))
-            may_announce.set()  # the last announcement comes while this poll's answer is on its way
-            time.sleep(0.3)
+            may_announce.set()  # the last announcement comes while this poll's answer is on its way (0.3 s or more)
+            started = time.monotonic()
+            wait_until(lambda: announced(leader, 2) == 3, 5, "the last member to announce itself")
+            time.sleep(max(0.0, 0.3 - (time.monotonic() - started)))
         return answer
 
     duty_store.compare_set = late_answer

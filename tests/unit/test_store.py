@@ -210,11 +210,10 @@ def test_wait_get_reads_a_key_once_it_exists_and_tells_a_timeout_from_an_empty_w
     found: list[bytes | None] = []
     thread = threading.Thread(target=lambda: found.append(wait_get(waiter, "k", 10.0)))
     thread.start()
-    wait_until_waiting = time.monotonic() + 0.3  # a wake before the wait is registered would be a timeout instead
-    while time.monotonic() < wait_until_waiting:
-        time.sleep(0.02)
-    get_or_none(writer, "k")  # sets nothing, wakes the waiter
-    thread.join(10)
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:  # a wake before the wait is registered wakes nobody:
+        get_or_none(writer, "k")  # sets nothing, wakes the waiter                   # wake until it was woken
+        thread.join(0.05)
     assert found == [b""]
     writer.set("k", "v")
     assert wait_get(waiter, "k", 10.0) == b"v" and waiter.timeout == timeout_before

@@ -96,7 +96,7 @@ def test_the_event_loop_workers_timed_waits_run_out_without_an_exception_and_wak
     result, took = out["woken"]
     assert result is True and took < 1.0  # set from another greenlet: woken then, not at the timeout (10 s)
     result, took = out["already_set"]
-    assert result is True and took < 0.01
+    assert result is True and took < 1.0  # not the timeout (10 s)
     assert out["untimed"] is True
     assert out["cleared"][0] is False
     assert out["shared"] == {"short": False, "long": True, "none": True}
