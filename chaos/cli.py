@@ -23,7 +23,7 @@ from typing import Any
 from chaos.campaign.campaign import bundled_names as campaign_names
 from chaos.campaign.campaign import load as load_campaign
 from chaos.campaign.campaign import parse_seeds
-from chaos.errors import ReferenceUnusable
+from chaos.errors import NetworkError, ReferenceUnusable
 from chaos.scenario import ScenarioError, bundled_names, load, scenario_of
 from ftcoord import arguments
 from ftcoord.errors import ConfigError
@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_bench(args.out, quick=args.quick)
     except (ScenarioError, FileNotFoundError) as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    except NetworkError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
     except ReferenceUnusable as exc:

@@ -42,9 +42,14 @@ IN_RANK_KINDS = ("kill-boundary", "kill-midstep", "kill-midreduce", "raise", "ra
 # pause-standby: SIGSTOP it, SIGCONT it `duration` s later (a fault that comes meanwhile is replaced without it).
 # pause-launcher: SIGSTOP the launcher of the node that runs `slot` alone, SIGCONT it `duration` s later: its ranks
 # train on, and whatever it must do meanwhile (replace a dead rank, kill a fenced one) waits for it.
+# cut: no packet passes a node's links (control: to the store; data: its ranks' collectives), `duration` s or for good
+# (chaos.run.network: the run's nodes in network namespaces of their own); cut-data, cut-control: that link only.
+NETWORK_KINDS = ("cut", "cut-data", "cut-control")
+CUT_LINKS = {"cut": ("control", "data"), "cut-data": ("data",), "cut-control": ("control",)}
+"""The links of a node each network fault cuts (chaos.run.network.LINKS)."""
 OUTSIDE_KINDS = ("kill", "kill-leader", "kill-follower", "hang", "pause", "pause-leader", "preempt", "ckpt-crash",
                  "lose", "partition", "replace", "early-restart", "store-restart", "store-hang", "kill-standby",
-                 "pause-standby", "pause-launcher")
+                 "pause-standby", "pause-launcher", *NETWORK_KINDS)
 KINDS = IN_RANK_KINDS + OUTSIDE_KINDS
 RANDOM_KINDS = ("kill-boundary", "kill-midstep", "kill", "kill-leader", "hang", "raise", "raise-midstep", "pause",
                 "pause-leader", "stuck")
@@ -277,12 +282,15 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
                             f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")
-    if fault.kind == "partition" and 0 < fault.duration <= job.heartbeat_timeout:
-        raise ScenarioError(f"{where}: a partition of duration = {fault.duration}s is ridden through "
+    if fault.kind in ("partition", "cut", "cut-data") and 0 < fault.duration <= job.heartbeat_timeout:
+        raise ScenarioError(f"{where}: a {fault.kind} of duration = {fault.duration}s is ridden through "
                             f"(heartbeat_timeout = {job.heartbeat_timeout}s); give more than the heartbeat timeout, "
                             f"or none (for good)")
     if fault.kind in ("lose", "partition", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
+    if fault.kind in NETWORK_KINDS and len(job.node_slots) < 2:
+        raise ScenarioError(f"{where}: {fault.kind} cuts a node off from the others; declare two nodes or more: "
+                            f"[job] nodes = [[0], [1], ...]")
     if fault.kind == "ckpt-crash" and job.ckpt_strategy == "none":
         raise ScenarioError(f"{where}: ckpt-crash needs a checkpoint strategy, not 'none'")
     return fault
@@ -311,7 +319,7 @@ def _check_nodes_down(faults: tuple[Fault, ...], job: JobSpec, where: str) -> No
     for number, fault in sorted(enumerate(faults, 1), key=lambda pair: pair[1].step):
         if fault.kind in RELAUNCHING_KINDS:
             down.clear()
-        if fault.kind not in ("lose", "partition", "replace"):
+        if fault.kind not in ("lose", "partition", "replace", *NETWORK_KINDS):
             continue
         node = job.node_of(fault.slot)
         at = f"{where} [[faults]] #{number}: {fault.kind} of node {node} (slot {fault.slot}) at step {fault.step}"

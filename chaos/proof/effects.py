@@ -34,7 +34,7 @@ EFFECTS = {"kill": NEW_GENERATION, "kill-boundary": NEW_GENERATION, "kill-midste
            "ckpt-crash": RESUME_FROM_CHECKPOINT, "slow": NOTHING, "stuck": NEW_GENERATION,
            "pause": TRAINS_ON, "pause-leader": TRAINS_ON, "store-restart": TRAINS_THROUGH,
            "store-hang": TRAINS_THROUGH, "kill-standby": TRAINS_ON, "pause-standby": TRAINS_ON,
-           "pause-launcher": TRAINS_ON}
+           "pause-launcher": TRAINS_ON, "cut": NEW_GENERATION, "cut-data": NEW_GENERATION, "cut-control": TRAINS_ON}
 
 
 def fault_problems(scenario: Scenario, events: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -83,7 +83,7 @@ def fired_step(event: dict[str, Any], records: list[dict[str, Any]]) -> int:
     return 1 + max((r["step"] for r in records if r["kind"] == "step" and r["mono"] <= event["mono"]), default=-1)
 
 
-NODE_KINDS = ("lose", "partition", "replace")
+NODE_KINDS = ("lose", "partition", "replace", "cut", "cut-data", "cut-control")
 """Faults that hit a whole node: every slot of the node is their target."""
 
 

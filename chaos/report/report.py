@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from chaos.errors import NetworkError
 from chaos.proof.effects import fault_problems
 from chaos.proof.proof import FINAL_PARAMS, prove
 from chaos.report.metrics import divergence, fault_timings, goodput, loss_curve, read_logs
 from chaos.report.reference import ReferenceUnusable, reference_model
+from chaos.run.network import unavailable
 from chaos.run.runner import OUTCOME
-from chaos.scenario import Scenario, training_config
+from chaos.scenario import NETWORK_KINDS, Scenario, training_config
 from training.ledger import read_ledgers
 
 
@@ -190,6 +192,8 @@ def run_and_report(scenario: Scenario, out: Path, quiet: bool = False) -> dict[s
     from chaos.report.reference import ensure_reference
     from chaos.run.runner import ChaosRunner
 
+    if any(fault.kind in NETWORK_KINDS for fault in scenario.faults) and (why := unavailable()) is not None:
+        raise NetworkError(why)  # before the reference is built: one line, at once
     ref_dir, ref = ensure_reference(scenario, quiet=quiet)
     result = ChaosRunner(scenario, out, quiet=quiet).run()
     (out / "scenario.toml").write_text(Path(scenario.path).read_text())

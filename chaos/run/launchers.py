@@ -18,6 +18,7 @@ from pathlib import Path
 from chaos.machine_env import machine_env
 from chaos.own_code import checkout_command, own_code_env
 from chaos.run.inject import MARKER_DIR_ENV, PLAN_ENV
+from chaos.run.network import DATA_IFNAME, Network
 from chaos.run.planted import CKPT_CRASH_ENV, PLANTED_BUG_ENV
 from chaos.scenario import JobSpec
 from ftcoord.launcher.children_env import omp_threads_per_process
@@ -47,6 +48,8 @@ class Node:
     starts: int = 0
     partitioned: bool = False
     """Stopped for good by a partition fault (its processes still exist)."""
+    cut_off: bool = False
+    """Its links cut for good by a network fault (its processes run on, alone)."""
 
 
 CRASH_LOOP_RESTARTS = 20
@@ -59,9 +62,11 @@ class Launchers:
     and restart."""
 
     def __init__(self, job: JobSpec, store: str, job_id: str, out: Path, plan: list[dict], crash: str | None,
-                 output: Path, reference: bool = False, faults: int = 0) -> None:
+                 output: Path, reference: bool = False, faults: int = 0,
+                 network: Network | None = None) -> None:
         """`faults`: how many faults the scenario plans (each may cost a slot one restart, so a schedule of planned
-        deaths never exhausts a launcher's restarts)."""
+        deaths never exhausts a launcher's restarts); `network`: the run's own network (chaos.run.network), each
+        node's launcher started in its node's namespace, its ranks' collectives on the node's data link."""
         self.job, self.store, self.job_id, self.out = job, store, job_id, out
         self.max_restarts = CRASH_LOOP_RESTARTS + faults
         self.nodes = [Node(i, slots) for i, slots in enumerate(job.node_slots)]
@@ -72,6 +77,9 @@ class Launchers:
             self.env[CKPT_CRASH_ENV] = crash
         if reference:
             self.env.pop(PLANTED_BUG_ENV, None)  # a reference is what a correct run makes: never a planted bug
+        self.network = network
+        if network is not None:
+            self.env["GLOO_SOCKET_IFNAME"] = DATA_IFNAME
         self.output = output.open("ab")
 
     def command(self, node: Node) -> list[str]:
@@ -88,7 +96,14 @@ class Launchers:
         if node.partitioned:  # the old machine is powered off before a new one takes its place
             self.kill(node)
             node.partitioned = False
-        node.process = subprocess.Popen(self.command(node), env=self.env, stdout=self.output,
+        command = self.command(node)
+        if self.network is not None:
+            if node.cut_off or self.network.nodes[node.index].cut:  # a new machine, links working, in its place
+                self.kill(node)
+                self.network.heal(node.index)
+                node.cut_off = False
+            command = self.network.enter(node.index, command)
+        node.process = subprocess.Popen(command, env=self.env, stdout=self.output,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         node.starts += 1
 
@@ -153,7 +168,8 @@ class Launchers:
                 node.process.send_signal(signal.SIGTERM)
 
     def running(self) -> list[Node]:
-        return [n for n in self.nodes if n.process is not None and n.process.poll() is None and not n.partitioned]
+        return [n for n in self.nodes
+                if n.process is not None and n.process.poll() is None and not n.partitioned and not n.cut_off]
 
     def exit_codes(self) -> dict[int, int | None]:
         return {n.index: (n.process.returncode if n.process else None) for n in self.nodes}

@@ -61,19 +61,21 @@ class RunStore:
     Args:
         separate: run it as its own process (a scenario that faults the store).
         state_file: where a separate server counts its lives (ftcoord.store.boot); None: it keeps no count.
+        host: the address it listens on (a network run's: chaos.run.network.STORE_HOST).
     """
 
-    def __init__(self, separate: bool, state_file: Path | None = None) -> None:
+    def __init__(self, separate: bool, state_file: Path | None = None, host: str = HOST) -> None:
+        self.host = host
         self._server: StoreServer | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._state_file = state_file
         self._log = get_logger(component="chaos_store")
         if separate:
-            started = StoreProcess.start(HOST, 0, state_file=state_file)
+            started = StoreProcess.start(host, 0, state_file=state_file)
             self._process = started.process  # type: ignore[assignment]
             self.address = started.address
         else:
-            self._server = StoreServer(HOST, 0)
+            self._server = StoreServer(host, 0)
             self.address = self._server.address
         self.port = int(self.address.rsplit(":", 1)[1])
         self.restarts = 0
@@ -114,7 +116,7 @@ class RunStore:
         self._restart_due = None
         outage = self.outages[-1]
         outage.started_at = time.monotonic()
-        self._process = start_worker("ftcoord.store.main", ["--host", HOST, "--port", str(self.port), "--quiet",
+        self._process = start_worker("ftcoord.store.main", ["--host", self.host, "--port", str(self.port), "--quiet",
                                                             *state_arguments(self._state_file)],
                                      stdout=subprocess.PIPE)
         self.restarts += 1

@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.errors import NetworkError
+from chaos.own_code import own_code_env
 from chaos.run.inject import marker_name
 from chaos.run.launchers import Launchers
+from chaos.run.network import STORE_HOST, Network, in_own_namespace, own_namespace_command, unavailable
 from chaos.run.progress import LedgerTail, ProgressDisplay
-from chaos.run.run_store import RunStore
-from chaos.scenario import IN_RANK_ACTIONS, RANK_KINDS, STANDBY_KINDS, STOP_KINDS, STORE_KINDS, Fault, Scenario
+from chaos.run.run_store import HOST, RunStore
+from chaos.scenario import (
+    CUT_LINKS,
+    IN_RANK_ACTIONS,
+    NETWORK_KINDS,
+    RANK_KINDS,
+    STANDBY_KINDS,
+    STOP_KINDS,
+    STORE_KINDS,
+    Fault,
+    Scenario,
+    parse,
+    to_toml,
+)
 from ftcoord.host.process_state import state
 from ftcoord.log import get_logger
 from ftcoord.protocol.spares import spare_slot
@@ -90,6 +109,10 @@ class ChaosRunner:
         self.events: list[FaultEvent] = []
         self._pending_conts: list[tuple[float, int]] = []
         self._pending_heals: list[tuple[float, int]] = []  # (when, node): a partition with a duration heals then
+        self._pending_link_heals: list[tuple[float, int]] = []  # (when, node): a cut with a duration heals then
+        self.network_run = any(f.kind in NETWORK_KINDS for _, f in self.faults)
+        """The run's nodes live in network namespaces of their own (chaos.run.network)."""
+        self.network: Network | None = None
         self._relaunch_at: float | None = None
         self._crash_marker = out / "ckpt-crash-marker"
         self._lost: set[int] = set()  # nodes lost on purpose and not replaced
@@ -109,17 +132,30 @@ class ChaosRunner:
     # -- the run --------------------------------------------------------------------
 
     def run(self) -> RunResult:
+        if self.network_run and not in_own_namespace():
+            return self._run_in_own_namespace()
         if self.out.exists():
             shutil.rmtree(self.out)
         (self.out / "logs").mkdir(parents=True)
-        server = self.server = RunStore(separate=any(f.kind in STORE_KINDS for _, f in self.faults),
-                                        state_file=self.out / "store.boot")
+        if self.network_run:
+            self.network = Network(len(self.scenario.job.node_slots))
+        try:
+            server = self.server = RunStore(separate=any(f.kind in STORE_KINDS for _, f in self.faults),
+                                            state_file=self.out / "store.boot",
+                                            host=STORE_HOST if self.network is not None else HOST)
+            return self._run(server)
+        finally:
+            if self.network is not None:
+                self.network.close()
+
+    def _run(self, server: RunStore) -> RunResult:
         # A scenario's name may say anything; a job id is a key prefix of a safe alphabet.
         job_id = f"chaos-{re.sub(r'[^A-Za-z0-9._-]+', '-', self.scenario.name)[:80]}-{uuid.uuid4().hex[:8]}"
         self._link = StoreLink(server.address, job_id)
         self.store = self._link.connect()  # rides through the run's own store faults
         launchers = Launchers(self.scenario.job, server.address, job_id, self.out, self._plan(), self._crash_spec(),
-                              self.out / "launchers.out", reference=not self.faults, faults=len(self.faults))
+                              self.out / "launchers.out", reference=not self.faults, faults=len(self.faults),
+                              network=self.network)
         tail = LedgerTail(self.out / "logs")
         display = ProgressDisplay(self.title, self.scenario.job.steps, len(self.faults), quiet=self.quiet)
         pending = [(i, f) for i, f in self.faults if not f.in_rank and f.kind != "ckpt-crash"]
@@ -143,6 +179,7 @@ class ChaosRunner:
                         pending.remove((index, fault))
                 self._resume_stopped(now, launchers)
                 self._heal_partitions(now, launchers)
+                self._heal_links(now)
                 server.tick(now)
                 if crash is not None and self._crash_marker.exists():
                     # Rank 0 died inside a checkpoint write (planted in the commit); now the
@@ -157,7 +194,8 @@ class ChaosRunner:
                     launchers.start_all()
                     self.log.info("job_relaunched")
                 display.update(tail, len(self.events))
-                healing = any(launchers.nodes[index].partitioned for _, index in self._pending_heals)
+                healing = (any(launchers.nodes[index].partitioned for _, index in self._pending_heals)
+                           or bool(self._pending_link_heals))
                 if not launchers.running() and self._relaunch_at is None and not healing:
                     # (a partitioned node that heals later runs on then: its launcher finds the job's end and exits)
                     codes.append(launchers.exit_codes())
@@ -190,8 +228,40 @@ class ChaosRunner:
         (self.out / OUTCOME).write_text(json.dumps(
             {"completed": result.completed, "error": result.error, "timed_out": result.timed_out,
              "launcher_codes": [{str(k): v for k, v in c.items()} for c in codes], "lost_nodes": sorted(self._lost),
-             "wall_s": round(result.wall_s, 3), "with_faults": bool(self.faults)}, indent=1))
+             "wall_s": round(result.wall_s, 3), "with_faults": bool(self.faults), "job_id": job_id}, indent=1))
         return result
+
+    def _run_in_own_namespace(self) -> RunResult:
+        """Run this scenario in a child process in a network namespace of its own (chaos.run.network), and read
+        back what it wrote (outcome.json, faults.jsonl). Interrupted, the child is given time to tear down."""
+        why = unavailable()
+        if why is not None:
+            raise NetworkError(why)
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", prefix="chaos-scenario-", delete=False) as spec:
+            spec.write(to_toml(self.scenario))
+        argv = ["-P", "-m", "chaos.run.runner", spec.name, str(self.out), "--title", self.title,
+                "--timeout", str(self.timeout_s), "--where", self.scenario.path or self.scenario.name,
+                *(["--quiet"] if self.quiet else [])]
+        child = subprocess.Popen(own_namespace_command(argv), env=own_code_env())
+        try:
+            code = child.wait()
+        except BaseException:
+            try:
+                code = child.wait(60)  # a ^C reached it too: it kills its launchers and its network goes with it
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
+        finally:
+            os.unlink(spec.name)
+        if not (self.out / OUTCOME).is_file():
+            return RunResult(self.out, "", 0.0, [], error=f"the run in its own network namespace exited with "
+                                                          f"{code} before it wrote {OUTCOME}")
+        outcome = json.loads((self.out / OUTCOME).read_text())
+        faults = [FaultEvent(**json.loads(line)) for line in (self.out / "faults.jsonl").read_text().splitlines()]
+        return RunResult(self.out, outcome["job_id"], outcome["wall_s"],
+                         [{int(k): v for k, v in codes.items()} for codes in outcome["launcher_codes"]], faults,
+                         outcome["completed"], outcome["error"], outcome["timed_out"])
 
     # -- faults -------------------------------------------------------------------------
 
@@ -305,9 +375,26 @@ class ChaosRunner:
                 self._pending_heals.append((time.monotonic() + fault.duration, node.index))
             else:
                 self._lost.add(node.index)
+        elif kind in NETWORK_KINDS:
+            node = launchers.node_of(fault.slot)
+            if node.process is None or node.process.poll() is not None or node.partitioned or node.cut_off:
+                self._record(index, fault, tail, None, note=f"node {node.index} was not running", fired=False)
+                return True
+            assert self.network is not None
+            links = CUT_LINKS[kind]
+            healed = f"back {fault.duration}s later" if fault.duration > 0 else "for good"
+            self._record(index, fault, tail, node.process.pid,
+                         note=f"node {node.index}'s {' and '.join(links)} link{'s' * (len(links) > 1)}, {healed}")
+            self.network.cut(node.index, links)
+            if fault.duration > 0:
+                self._pending_link_heals.append((time.monotonic() + fault.duration, node.index))
+            else:
+                node.cut_off = True
+                self._lost.add(node.index)
         elif kind == "replace":
             node = launchers.node_of(fault.slot)
-            if node.process is not None and node.process.poll() is None and not node.partitioned:
+            cut = node.cut_off or (self.network is not None and bool(self.network.nodes[node.index].cut))
+            if node.process is not None and node.process.poll() is None and not node.partitioned and not cut:
                 self._record(index, fault, tail, None, note=f"node {node.index} was still running", fired=False)
                 return True
             self._record(index, fault, tail, None, note=f"node {node.index}")
@@ -327,6 +414,14 @@ class ChaosRunner:
             if now >= due:
                 self._pending_heals.remove((due, index))
                 launchers.resume(launchers.nodes[index])
+
+    def _heal_links(self, now: float) -> None:
+        """Every cut link of a node whose cut is over passes packets again."""
+        for due, index in list(self._pending_link_heals):
+            if now >= due:
+                self._pending_link_heals.remove((due, index))
+                assert self.network is not None
+                self.network.heal(index)
 
     def _resume_stopped(self, now: float, launchers: Launchers) -> None:
         """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a
@@ -370,3 +465,26 @@ def _signal(pid: int | None, signum: int) -> bool:
 
 def _alive_not_zombie(pid: int) -> bool:
     return state(pid) not in (None, "Z")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A run in the network namespace its parent made for it (ChaosRunner._run_in_own_namespace): exit 0 once it wrote
+    its outcome, whatever the outcome says."""
+    parser = argparse.ArgumentParser(prog="python -m chaos.run.runner", description=main.__doc__)
+    parser.add_argument("scenario", type=Path, help="the scenario, as chaos.scenario.to_toml wrote it")
+    parser.add_argument("out", type=Path, help="the run directory")
+    parser.add_argument("--title", required=True)
+    parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--where", required=True, help="the scenario's own path or name, for its messages")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if not in_own_namespace():
+        print("chaos.run.runner: run only by a chaos run, in the network namespace it made", file=sys.stderr)
+        return 2
+    scenario = parse(args.scenario.read_text(), args.where)
+    ChaosRunner(scenario, args.out, quiet=args.quiet, timeout_s=args.timeout, title=args.title).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

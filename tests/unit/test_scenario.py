@@ -161,6 +161,13 @@ def test_a_random_table_that_lists_kinds_it_cannot_draw_is_refused(kinds: str, j
          "declare \\[job\\] nodes"),
         ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0], [1]]\n[[faults]]\nkind = "partition"\n'
          'slot = 1\nstep = 1\nduration = 1.5\n', r"a partition of duration = 1.5s is ridden through"),
+        ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0], [1]]\n[[faults]]\nkind = "cut-data"\n'
+         'slot = 1\nstep = 1\nduration = 2.0\n', r"a cut-data of duration = 2.0s is ridden through"),
+        ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0, 1]]\n[[faults]]\nkind = "cut"\nslot = 1\n'
+         'step = 1\n', r"cut cuts a node off from the others; declare two nodes or more"),
+        ('name = "x"\ndescription = "d"\n' + NODES_JOB + '[[faults]]\nkind = "cut"\nslot = 1\nstep = 5\n'
+         '[[faults]]\nkind = "cut-control"\nslot = 1\nstep = 9\nduration = 3.0\n',
+         r"#2: cut-control of node 1 \(slot 1\) at step 9: that node was lost for good at an earlier step"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "kill"\nstep = 1\nafter = -1\n',
          r"after = -1: give the seconds after its step \(0 or more\)"),
         ('name = "x"\ndescription = "d"\n' + GOOD_JOB + '[[faults]]\nkind = "raise"\nstep = 1\nafter = 0.5\n',
@@ -255,6 +262,8 @@ def test_overlapping_pauses_of_one_process_end_with_the_last(tmp_path: Path) -> 
     [("partition", 1, 5, 3.0), ("partition", 1, 20, 3.0)],  # healed between the two
     [("lose", 1, 5, 0.0), ("preempt", 0, 9, 0.0), ("lose", 1, 20, 0.0)],  # the relaunch started it again
     [("lose", 2, 5, 0.0), ("replace", 0, 9, 0.0)],  # a hot spare's slot is the first node's
+    [("cut", 1, 5, 0.0), ("replace", 1, 9, 0.0)],  # a node cut off for good, replaced
+    [("cut-data", 1, 5, 3.0), ("replace", 1, 6, 0.0), ("cut-control", 1, 20, 0.0)],
 ])
 def test_node_faults_in_a_possible_order_are_accepted(faults: list[tuple[str, int, int, float]]) -> None:
     text = 'name = "x"\ndescription = "d"\n' + NODES_JOB + "spares = 1\n"

@@ -1,0 +1,179 @@
+"""A run's own network (chaos.run.network): real namespaces, veth pairs and bridges; a cut drops packets and closes
+nothing; a run that is cut short leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.cli import run_scenario
+from chaos.run.network import own_namespace_command, unavailable
+from tests.helpers.cluster import REPO
+from tests.helpers.wait import wait_until
+
+pytestmark = [pytest.mark.timeout(420),
+              pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+# Run inside the namespace own_namespace_command makes: node 0 listens on its data address, node 1 talks to it;
+# its link cut, a request goes unanswered and the connection stays open; healed, the same connection answers again.
+ECHO_ACROSS_A_CUT = r"""
+import json, subprocess, sys
+from chaos.run.network import Network
+SERVER = '''
+import socket, sys
+server = socket.create_server(("10.78.0.10", 7000))
+print("listening", flush=True)
+conn, _ = server.accept()
+while data := conn.recv(64):
+    conn.sendall(data)
+'''
+CLIENT = '''
+import socket, sys
+conn = socket.create_connection(("10.78.0.10", 7000), timeout=5)
+for line in sys.stdin:
+    conn.settimeout(float(line))
+    conn.sendall(b"x")
+    try:
+        data = conn.recv(64)  # after a cut, the echo of the request sent into it may come with this one's
+        print("echo" if data and not data.strip(b"x") else "closed", flush=True)
+    except TimeoutError:
+        print("silence", flush=True)
+    except OSError as exc:
+        print(f"error {exc}", flush=True)
+'''
+network = Network(2)
+try:
+    server = subprocess.Popen(network.enter(0, [sys.executable, "-c", SERVER]), stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "listening"
+    client = subprocess.Popen(network.enter(1, [sys.executable, "-c", CLIENT]), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    def ask(wait):
+        client.stdin.write(f"{wait}\n"); client.stdin.flush()
+        return client.stdout.readline().strip()
+    seen = {"before": ask(30)}
+    network.cut(1, ("data",))
+    seen["cut"] = ask(1)  # nothing comes back, however long
+    network.heal(1)
+    seen["healed"] = ask(30)  # the request sent into the cut is answered first: TCP retransmits it
+    seen["holders"] = [node.pid for node in network.nodes]
+    client.kill(); server.kill()
+finally:
+    network.close()
+print(json.dumps(seen), flush=True)
+"""
+
+
+def test_a_cut_link_drops_packets_and_closes_no_connection(tmp_path: Path) -> None:
+    done = subprocess.run(own_namespace_command(["-c", ECHO_ACROSS_A_CUT]), capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (seen["before"], seen["cut"], seen["healed"]) == ("echo", "silence", "echo"), seen
+    for pid in seen["holders"]:
+        assert not Path(f"/proc/{pid}").exists(), f"the namespace holder {pid} outlived its network"
+
+
+def test_the_namespaces_end_with_the_process_that_made_them_however_it_ends() -> None:
+    """A run killed outright (SIGKILL: no cleanup runs) still takes its node namespaces with it."""
+    code = "from chaos.run.network import Network\nimport time\nn = Network(2)\nprint(*[x.pid for x in n.nodes], " \
+           "flush=True)\ntime.sleep(600)\n"
+    maker = subprocess.Popen(own_namespace_command(["-c", code]), stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert maker.stdout is not None
+        holders = [int(pid) for pid in maker.stdout.readline().split()]
+        assert len(holders) == 2 and all(Path(f"/proc/{pid}").exists() for pid in holders)
+    finally:
+        maker.kill()
+        maker.wait(30)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in holders), 30,
+               "the namespace holders to end with their maker")
+
+
+def test_a_network_is_made_only_in_the_runs_own_namespace() -> None:
+    """Bridges and veths made outside it would be the machine's own: refused with why."""
+    done = subprocess.run([sys.executable, "-c", "from chaos.run.network import Network\nNetwork(2)"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode != 0 and "only inside the run's own namespace" in done.stderr, done.stderr
+
+
+def test_a_whole_node_cut_off_is_fenced_and_back_at_full_size_once_its_links_return(
+        tmp_path: Path, reference_cache: Path) -> None:
+    report = run_scenario("cut", tmp_path / "cut", quiet=True)
+    assert report["verdict"] == "pass", json.dumps(report, indent=1)
+    c = report["correctness"]
+    assert c["duplicates"] == c["missing"] == c["extra"] == 0 and c["bit_identical"] is True
+    [fault] = report["faults"]
+    assert fault["kind"] == "cut" and fault["recover_s"] is not None
+    assert fault["full_recover_s"] is not None, "the node never came back at full size after its links returned"
+    causes = [i["cause"] for i in report["incidents"]]
+    assert causes and "slot 1 stopped beating" in causes[0], causes
+
+
+def test_an_interrupted_network_run_leaves_no_process_behind(tmp_path: Path, reference_cache: Path) -> None:
+    """^C in the middle of a network run: its launchers, ranks and namespace holders all end with it."""
+    out = tmp_path / "cut"
+    run = subprocess.Popen([sys.executable, "-m", "chaos", "run", "cut", "--out", str(out), "--quiet"], cwd=REPO,
+                           start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        logs = out / "logs"
+        wait_until(lambda: logs.is_dir() and any("generation_joined" in p.read_text(errors="replace")
+                                                 for p in logs.glob("slot*.jsonl")),
+                   300, "the network run's ranks joined")
+        ours = _processes_naming(str(out))
+        holders = _holders_of(run.pid)
+        assert ours and len(holders) == 2, (ours, holders)
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(120)
+        deadline = time.monotonic() + 30
+        while (_processes_naming(str(out)) or any(Path(f"/proc/{p}").exists() for p in holders)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _processes_naming(str(out)), "processes of the interrupted run are still there"
+        assert not [p for p in holders if Path(f"/proc/{p}").exists()], "a namespace holder is still there"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes whose command line holds `text` (a run's launchers and ranks name its directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if text.encode() in (entry / "cmdline").read_bytes() and (entry / "stat").read_text().split(") ")[1][0] \
+                    not in "ZX":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _holders_of(root: int) -> list[int]:
+    """The `sleep infinity` namespace holders under process `root`."""
+    holders, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                        for c in (t / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            try:
+                if (Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[:2]) == [b"sleep", b"infinity"]:
+                    holders.append(child)
+            except OSError:
+                pass
+            todo.append(child)
+    return holders
