@@ -282,10 +282,14 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
         what = ("busy with one step" if fault.kind == "slow" else "away" if fault.kind in STORE_KINDS else "stopped")
         raise ScenarioError(f"{where}: a {fault.kind} needs duration > 0 seconds (how long the "
                             f"{'store' if fault.kind in STORE_KINDS else 'process'} stays {what})")
-    if fault.kind in ("partition", "cut", "cut-data") and 0 < fault.duration <= job.heartbeat_timeout:
+    if fault.kind in ("partition", "cut") and 0 < fault.duration <= job.heartbeat_timeout:
         raise ScenarioError(f"{where}: a {fault.kind} of duration = {fault.duration}s is ridden through "
                             f"(heartbeat_timeout = {job.heartbeat_timeout}s); give more than the heartbeat timeout, "
                             f"or none (for good)")
+    if fault.kind == "cut-data" and 0 < fault.duration <= job.heartbeat_timeout:
+        raise ScenarioError(f"{where}: a cut-data of duration = {fault.duration}s is over before a dead data link "
+                            f"can be told from a slow step (heartbeat_timeout = {job.heartbeat_timeout}s); give more "
+                            f"than the heartbeat timeout, or none (for good)")
     if fault.kind in ("lose", "partition", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
     if fault.kind in NETWORK_KINDS and len(job.node_slots) < 2:

@@ -100,7 +100,7 @@ class Launchers:
         if self.network is not None:
             if node.cut_off or self.network.nodes[node.index].cut:  # a new machine, links working, in its place
                 self.kill(node)
-                self.network.heal(node.index)
+                self.network.replaced(node.index)
                 node.cut_off = False
             command = self.network.enter(node.index, command)
         node.process = subprocess.Popen(command, env=self.env, stdout=self.output,
@@ -158,6 +158,12 @@ class Launchers:
         return {node.process.pid for node in self.nodes if node.partitioned and node.process is not None}
 
     def kill_all(self) -> None:
+        """Every node is lost: all are signalled before any is waited for (an interrupt during a wait leaves none
+        running)."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGKILL)
         for node in self.nodes:
             self.kill(node)
 

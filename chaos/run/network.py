@@ -37,8 +37,9 @@ def unavailable() -> str | None:
     missing = [tool for tool in ("ip", "unshare", "nsenter", "setpriv") if shutil.which(tool) is None]
     if missing:
         return f"network faults need {', '.join(missing)} on PATH"
-    probe = subprocess.run(["unshare", "-n", "ip", "link", "add", "probe0", "type", "bridge"], capture_output=True,
-                           text=True, check=False)
+    probe = subprocess.run(["setpriv", "--pdeathsig", "KILL", "unshare", "-n", "sh", "-c",
+                            "ip link add probe0 type bridge && ip link add probe1 type veth peer name probe2"],
+                           capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         return f"network namespaces are unavailable here: {probe.stderr.strip() or 'unshare -n failed'}"
     return None
@@ -50,9 +51,10 @@ def in_own_namespace() -> bool:
 
 
 def own_namespace_command(argv: list[str]) -> list[str]:
-    """`argv` (a Python module's command line) run under `unshare -n`, with loopback up, as its own namespace's run."""
+    """`argv` (Python's command line) run under `unshare -n`, with loopback up, as its own namespace's run; sent
+    SIGINT when the thread that started it ends, however it ends (it then tears down what it made)."""
     script = f'ip link set lo up && {OWN_NAMESPACE_ENV}=$$ exec "$@"'
-    return ["unshare", "-n", "sh", "-c", script, "sh", sys.executable, *argv]
+    return ["setpriv", "--pdeathsig", "INT", "unshare", "-n", "sh", "-c", script, "sh", sys.executable, *argv]
 
 
 def _ip(*args: str, node_pid: int | None = None) -> None:
@@ -64,14 +66,21 @@ def _ip(*args: str, node_pid: int | None = None) -> None:
 
 @dataclass
 class NodeLinks:
-    """One node's namespace (held by `holder`) and which of its links are cut now."""
+    """One node's namespace (held by `holder`) and its links cut now, each with how many timed cuts hold it
+    (`for_good`: cut by a cut that only the node's replacement ends)."""
 
     index: int
     holder: subprocess.Popen[bytes]
-    cut: set[str] = field(default_factory=set)
+    cut: dict[str, int] = field(default_factory=dict)
+    for_good: set[str] = field(default_factory=set)
 
     @property
     def pid(self) -> int:
+        """The holder's pid, while it holds the namespace (a pid reused by another process would be another
+        namespace, maybe the machine's own)."""
+        if self.holder.poll() is not None:
+            raise NetworkError(f"node {self.index}'s namespace holder (pid {self.holder.pid}) ended with "
+                               f"{self.holder.returncode}: its namespace is gone")
         return self.holder.pid
 
     def address(self, link: str) -> str:
@@ -124,19 +133,36 @@ class Network:
         """`command` run in node `index`'s namespace."""
         return ["nsenter", "-t", str(self.nodes[index].pid), "-n", *command]
 
-    def cut(self, index: int, links: tuple[str, ...]) -> None:
-        """Cut node `index`'s `links` (of LINKS): no packet passes them, no connection closes."""
+    def cut(self, index: int, links: tuple[str, ...], for_good: bool = False) -> None:
+        """Cut node `index`'s `links` (of LINKS): no packet passes them, no connection closes. `for_good`: no
+        `heal` of theirs brings them back, only the node's `replaced`."""
         node = self.nodes[index]
         for link in links:
             _ip("link", "set", node.hub_end(link), "down")
-            node.cut.add(link)
+            if for_good:
+                node.for_good.add(link)
+            node.cut[link] = node.cut.get(link, 0) + (not for_good)
 
-    def heal(self, index: int) -> None:
-        """Every cut link of node `index` passes packets again."""
+    def heal(self, index: int, links: tuple[str, ...]) -> None:
+        """A timed cut of node `index`'s `links` is over: each passes packets again once no other cut holds it (a
+        timed cut's end undoes neither a later one still running nor one for good)."""
+        node = self.nodes[index]
+        for link in links:
+            held = node.cut.get(link, 0) - 1
+            if held > 0 or (link in node.cut and link in node.for_good):
+                node.cut[link] = max(held, 0)
+                continue
+            if link in node.cut:
+                _ip("link", "set", node.hub_end(link), "up")
+                del node.cut[link]
+
+    def replaced(self, index: int) -> None:
+        """A new node stands in node `index`'s place: every link of its passes packets, whatever cut them."""
         node = self.nodes[index]
         for link in sorted(node.cut):
             _ip("link", "set", node.hub_end(link), "up")
         node.cut.clear()
+        node.for_good.clear()
 
     def close(self) -> None:
         for node in self.nodes:

@@ -109,7 +109,7 @@ class ChaosRunner:
         self.events: list[FaultEvent] = []
         self._pending_conts: list[tuple[float, int]] = []
         self._pending_heals: list[tuple[float, int]] = []  # (when, node): a partition with a duration heals then
-        self._pending_link_heals: list[tuple[float, int]] = []  # (when, node): a cut with a duration heals then
+        self._pending_link_heals: list[tuple[float, int, tuple[str, ...]]] = []  # (when, node, links): a timed cut
         self.network_run = any(f.kind in NETWORK_KINDS for _, f in self.faults)
         """The run's nodes live in network namespaces of their own (chaos.run.network)."""
         self.network: Network | None = None
@@ -165,8 +165,8 @@ class ChaosRunner:
         started = time.monotonic()
         codes: list[dict[int, int | None]] = []
         result = RunResult(self.out, job_id, 0.0, codes)
-        launchers.start_all()
         try:
+            launchers.start_all()  # inside: an interrupt while they start still ends those started
             while True:
                 tail.poll()
                 self._note_in_rank_faults(tail)
@@ -194,8 +194,7 @@ class ChaosRunner:
                     launchers.start_all()
                     self.log.info("job_relaunched")
                 display.update(tail, len(self.events))
-                healing = (any(launchers.nodes[index].partitioned for _, index in self._pending_heals)
-                           or bool(self._pending_link_heals))
+                healing = any(launchers.nodes[index].partitioned for _, index in self._pending_heals)
                 if not launchers.running() and self._relaunch_at is None and not healing:
                     # (a partitioned node that heals later runs on then: its launcher finds the job's end and exits)
                     codes.append(launchers.exit_codes())
@@ -242,21 +241,24 @@ class ChaosRunner:
         argv = ["-P", "-m", "chaos.run.runner", spec.name, str(self.out), "--title", self.title,
                 "--timeout", str(self.timeout_s), "--where", self.scenario.path or self.scenario.name,
                 *(["--quiet"] if self.quiet else [])]
+        for old in (OUTCOME, "faults.jsonl"):  # an earlier run's must never be read back as this one's
+            (self.out / old).unlink(missing_ok=True)
         child = subprocess.Popen(own_namespace_command(argv), env=own_code_env())
         try:
             code = child.wait()
-        except BaseException:
+        except BaseException:  # ^C, or SIGTERM made one (a campaign): the child tears down, then this ends
+            child.send_signal(signal.SIGINT)
             try:
-                code = child.wait(60)  # a ^C reached it too: it kills its launchers and its network goes with it
+                child.wait(60)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
             raise
         finally:
             os.unlink(spec.name)
-        if not (self.out / OUTCOME).is_file():
+        if code != 0 or not (self.out / OUTCOME).is_file() or not (self.out / "faults.jsonl").is_file():
             return RunResult(self.out, "", 0.0, [], error=f"the run in its own network namespace exited with "
-                                                          f"{code} before it wrote {OUTCOME}")
+                                                          f"{code}; see the lines above")
         outcome = json.loads((self.out / OUTCOME).read_text())
         faults = [FaultEvent(**json.loads(line)) for line in (self.out / "faults.jsonl").read_text().splitlines()]
         return RunResult(self.out, outcome["job_id"], outcome["wall_s"],
@@ -385,9 +387,9 @@ class ChaosRunner:
             healed = f"back {fault.duration}s later" if fault.duration > 0 else "for good"
             self._record(index, fault, tail, node.process.pid,
                          note=f"node {node.index}'s {' and '.join(links)} link{'s' * (len(links) > 1)}, {healed}")
-            self.network.cut(node.index, links)
+            self.network.cut(node.index, links, for_good=fault.duration <= 0)
             if fault.duration > 0:
-                self._pending_link_heals.append((time.monotonic() + fault.duration, node.index))
+                self._pending_link_heals.append((time.monotonic() + fault.duration, node.index, links))
             else:
                 node.cut_off = True
                 self._lost.add(node.index)
@@ -417,11 +419,11 @@ class ChaosRunner:
 
     def _heal_links(self, now: float) -> None:
         """Every cut link of a node whose cut is over passes packets again."""
-        for due, index in list(self._pending_link_heals):
+        for due, index, links in list(self._pending_link_heals):
             if now >= due:
-                self._pending_link_heals.remove((due, index))
+                self._pending_link_heals.remove((due, index, links))
                 assert self.network is not None
-                self.network.heal(index)
+                self.network.heal(index, links)  # the links this cut cut, unless cut for good since
 
     def _resume_stopped(self, now: float, launchers: Launchers) -> None:
         """SIGCONT each process whose pause is over: the last of its pauses, when two overlap (a pause-leader of a
@@ -481,8 +483,16 @@ def main(argv: list[str] | None = None) -> int:
     if not in_own_namespace():
         print("chaos.run.runner: run only by a chaos run, in the network namespace it made", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM tears down as a ^C does
     scenario = parse(args.scenario.read_text(), args.where)
-    ChaosRunner(scenario, args.out, quiet=args.quiet, timeout_s=args.timeout, title=args.title).run()
+    try:
+        ChaosRunner(scenario, args.out, quiet=args.quiet, timeout_s=args.timeout, title=args.title).run()
+    except NetworkError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # torn down on the way out (ChaosRunner.run's own cleanup)
+        print("chaos: the run was interrupted; its processes and its network are gone", file=sys.stderr)
+        return 130
     return 0
 
 

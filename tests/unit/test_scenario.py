@@ -162,7 +162,8 @@ def test_a_random_table_that_lists_kinds_it_cannot_draw_is_refused(kinds: str, j
         ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0], [1]]\n[[faults]]\nkind = "partition"\n'
          'slot = 1\nstep = 1\nduration = 1.5\n', r"a partition of duration = 1.5s is ridden through"),
         ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0], [1]]\n[[faults]]\nkind = "cut-data"\n'
-         'slot = 1\nstep = 1\nduration = 2.0\n', r"a cut-data of duration = 2.0s is ridden through"),
+         'slot = 1\nstep = 1\nduration = 2.0\n',
+         r"a cut-data of duration = 2.0s is over before a dead data link can be told from a slow step"),
         ('name = "x"\ndescription = "d"\n[job]\nnproc = 2\nnodes = [[0, 1]]\n[[faults]]\nkind = "cut"\nslot = 1\n'
          'step = 1\n', r"cut cuts a node off from the others; declare two nodes or more"),
         ('name = "x"\ndescription = "d"\n' + NODES_JOB + '[[faults]]\nkind = "cut"\nslot = 1\nstep = 5\n'
