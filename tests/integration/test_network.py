@@ -160,6 +160,25 @@ def test_a_whole_node_cut_off_is_fenced_and_back_at_full_size_once_its_links_ret
     assert any("slot 1 stopped beating" in cause for cause in causes), causes
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("duration", [15.0, 0.0])
+def test_a_node_of_three_cut_off_for_15_s_or_for_good(tmp_path: Path, reference_cache: Path, duration: float) -> None:
+    """The issue's cases on 3 nodes: the other two train on; a node whose links return is back at full size."""
+    spec = tmp_path / "cut3.toml"
+    spec.write_text('name = "cut3"\ndescription = "node 2 of 3 cut off"\n[job]\nnproc = 3\nsteps = 600\n'
+                    'global_batch = 24\ndataset = "synthetic:768"\nstep_time = 0.03\nnodes = [[0], [1], [2]]\n'
+                    f'[[faults]]\nkind = "cut"\nslot = 2\nstep = 30\n{f"duration = {duration}" if duration else ""}\n')
+    report = run_scenario(str(spec), tmp_path / "cut3", quiet=True)
+    assert report["verdict"] == "pass", json.dumps(report, indent=1)
+    assert report["correctness"]["bit_identical"] is True
+    [fault] = report["faults"]
+    assert fault["recover_s"] is not None
+    if duration:
+        assert report["world_sizes"] == [2, 3] and fault["full_recover_s"] is not None, report["faults"]
+    else:
+        assert report["world_sizes"][0] == 2, report["world_sizes"]
+
+
 @pytest.mark.parametrize("how", ["^C", "SIGTERM to chaos run", "SIGKILL of chaos run"])
 def test_an_interrupted_network_run_leaves_no_process_behind(tmp_path: Path, reference_cache: Path, how: str) -> None:
     """Interrupted in the middle of a network run: its launchers, ranks and namespace holders all end with it. ^C
