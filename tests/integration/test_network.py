@@ -179,7 +179,8 @@ def test_a_node_of_three_cut_off_for_15_s_or_for_good(tmp_path: Path, reference_
         assert report["world_sizes"][0] == 2, report["world_sizes"]
 
 
-@pytest.mark.parametrize("how", ["^C", "SIGTERM to chaos run", "SIGKILL of chaos run"])
+@pytest.mark.parametrize("how", ["^C", *(pytest.param(how, marks=pytest.mark.slow)  # 20 s each
+                                          for how in ("SIGTERM to chaos run", "SIGKILL of chaos run"))])
 def test_an_interrupted_network_run_leaves_no_process_behind(tmp_path: Path, reference_cache: Path, how: str) -> None:
     """Interrupted in the middle of a network run: its launchers, ranks and namespace holders all end with it. ^C
     reaches every process of the terminal's group; a SIGTERM or a SIGKILL only `chaos run` itself, and the run in
