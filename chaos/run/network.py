@@ -1,9 +1,9 @@
 """A run's own network: each node in a network namespace, with a control link (to the store) and a data link (gloo).
 
-Everything lives inside the network namespace the run itself runs in (`enter_own_namespace`: the run re-executes
-itself under `unshare -n`), so no address it uses is the machine's and all of it goes when the run ends: the hub
-(the run's namespace) holds two bridges, `ftctl` (10.77.0.0/24, the store at .1) and `ftdata` (10.78.0.0/24); node i
-is a namespace held by a `sleep` process, joined to each bridge by a veth pair (`ctl0` 10.77.0.<10+i>, `data0`
+Everything lives inside the network namespace the run itself runs in (`own_namespace_command`: the run re-executes
+itself under `unshare -n`), so no address it uses is the machine's and all of it goes when the run ends. The hub (the
+run's namespace) holds two bridges, `ftctl` (10.77.0.0/24, the store at .1) and `ftdata` (10.78.0.0/24); node i is a
+namespace held by a `sleep` process, joined to each bridge by a veth pair (`ctl0` 10.77.0.<10+i>, `data0`
 10.78.0.<10+i>). A cut sets the hub's end of a link down: the node's packets go nowhere and no connection closes,
 as when a cable or a switch port dies. Needs root, `ip`, `unshare`, `nsenter` and `setpriv`.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from chaos.errors import NetworkError
 
 OWN_NAMESPACE_ENV = "CHAOS_OWN_NETNS"
-"""Set in a run re-executed in a network namespace of its own (`enter_own_namespace`)."""
+"""Set in a run re-executed in a network namespace of its own (`own_namespace_command`)."""
 STORE_HOST = "10.77.0.1"
 """The hub's address on the control bridge: where a network run's store listens."""
 LINKS = ("control", "data")
@@ -46,7 +46,7 @@ def unavailable() -> str | None:
 
 
 def in_own_namespace() -> bool:
-    """This process runs in the network namespace its run created (`enter_own_namespace`)."""
+    """This process runs in the network namespace its run created (`own_namespace_command`)."""
     return os.environ.get(OWN_NAMESPACE_ENV) == str(os.getpid())
 
 
@@ -99,7 +99,7 @@ class Network:
 
     def __init__(self, nodes: int) -> None:
         if not in_own_namespace():
-            raise NetworkError("a run's network is made only inside the run's own namespace (enter_own_namespace)")
+            raise NetworkError("a run's network is made only inside the run's own namespace (own_namespace_command)")
         self.nodes: list[NodeLinks] = []
         try:
             for link, (bridge, prefix) in _BRIDGES.items():
