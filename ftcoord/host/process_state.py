@@ -44,10 +44,11 @@ def zombie_exit_code(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(int(fields[_EXIT_CODE])) if len(fields) > _EXIT_CODE else -signal.SIGKILL
 
 
-def _signal_mask(pid: int, field: str) -> int:
-    """A signal mask of /proc/PID/status (`SigCgt`: caught, `ShdPnd`: pending for the process); 0 when gone."""
+def _signal_mask(pid: int, field: str, task: int | None = None) -> int:
+    """A signal mask of /proc/PID/status (`SigCgt`: caught, `ShdPnd`: pending for the process), or of its thread
+    `task`'s (`SigBlk`: blocked by that thread); 0 when gone."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        status = Path(f"/proc/{pid}/status" if task is None else f"/proc/{pid}/task/{task}/status").read_text()
     except OSError:
         return 0
     for line in status.splitlines():
@@ -60,20 +61,7 @@ def _signal_mask(pid: int, field: str) -> int:
 def blocking(pid: int, signum: int) -> set[int]:
     """The threads of `pid` that block `signum` now (`SigBlk`): a thread running a handler installed without
     SA_NODEFER blocks that handler's signal until the handler returns. Empty when the process is gone."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return set()
-    held = set()
-    for tid in tids:
-        try:
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue  # the thread ended
-        mask = next((line.partition(":")[2] for line in status.splitlines() if line.startswith("SigBlk:")), "0")
-        if int(mask.strip(), 16) >> (signum - 1) & 1:
-            held.add(int(tid))
-    return held
+    return {tid for tid in _tids(pid) if _signal_mask(pid, "SigBlk", tid) >> (signum - 1) & 1}
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -123,10 +111,14 @@ def thread_state(pid: int, tid: int) -> ThreadState | None:
                        (int(fields[_UTIME]) + int(fields[_STIME])) / ticks)
 
 
-def threads(pid: int) -> list[ThreadState]:
-    """Every thread of `pid` as the kernel sees it now; [] when the process is gone (or this is not Linux)."""
+def _tids(pid: int) -> list[int]:
+    """The thread ids of `pid`, in order; [] when the process is gone (or this is not Linux)."""
     try:
-        tids = sorted(int(name) for name in os.listdir(f"/proc/{pid}/task"))
+        return sorted(int(name) for name in os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return []
-    return [state for state in (thread_state(pid, tid) for tid in tids) if state is not None]
+
+
+def threads(pid: int) -> list[ThreadState]:
+    """Every thread of `pid` as the kernel sees it now; [] when the process is gone (or this is not Linux)."""
+    return [state for state in (thread_state(pid, tid) for tid in _tids(pid)) if state is not None]
