@@ -272,10 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             from chaos.bench.suite import run_bench
 
             return run_bench(args.out, quick=args.quick)
-    except (ScenarioError, FileNotFoundError) as exc:
-        print(f"chaos: {exc}", file=sys.stderr)
-        return 2
-    except NetworkError as exc:
+    except (ScenarioError, FileNotFoundError, NetworkError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
     except ReferenceUnusable as exc:

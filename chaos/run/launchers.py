@@ -127,30 +127,30 @@ class Launchers:
                         return int(pid)
         return None
 
+    def _signal_group(self, node: Node, signum: int) -> bool:
+        """Send `signum` to the node's launcher and every process it started; False when its launcher has ended."""
+        if node.process is None or node.process.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.process.pid, signum)
+        return True
+
     def kill(self, node: Node) -> None:
         """The node is lost: its launcher and every process it started die at once."""
-        if node.process is not None and node.process.poll() is None:
-            try:
-                os.killpg(node.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if self._signal_group(node, signal.SIGKILL):
+            assert node.process is not None
             node.process.wait()
 
     def stop(self, node: Node) -> None:
         """The node stops answering for good (a partition): its launcher and every process it started are stopped,
         their connections left open, as a peer sees a node that lost power or its network."""
-        if node.process is not None and node.process.poll() is None:
-            try:
-                os.killpg(node.process.pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
+        if self._signal_group(node, signal.SIGSTOP):
             node.partitioned = True
 
     def resume(self, node: Node) -> None:
         """A partition heals: the node's launcher and processes run on, from where they were stopped."""
-        if node.partitioned and node.process is not None and node.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.process.pid, signal.SIGCONT)
+        if node.partitioned:
+            self._signal_group(node, signal.SIGCONT)
         node.partitioned = False
 
     def partitioned_groups(self) -> set[int]:
@@ -160,12 +160,10 @@ class Launchers:
     def kill_all(self) -> None:
         """Every node is lost: all are signalled before any is waited for (an interrupt during a wait leaves none
         running)."""
-        for node in self.nodes:
-            if node.process is not None and node.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(node.process.pid, signal.SIGKILL)
-        for node in self.nodes:
-            self.kill(node)
+        signalled = [node for node in self.nodes if self._signal_group(node, signal.SIGKILL)]
+        for node in signalled:
+            assert node.process is not None
+            node.process.wait()
 
     def terminate_all(self) -> None:
         """Preemption: SIGTERM to every launcher (they forward it to their ranks)."""

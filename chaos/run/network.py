@@ -10,6 +10,7 @@ as when a cable or a switch port dies. Needs root, `ip`, `unshare`, `nsenter` an
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -30,8 +31,10 @@ DATA_IFNAME = _NODE_IFNAMES["data"]
 """The node's data interface: the ranks' GLOO_SOCKET_IFNAME."""
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why this machine cannot hold a network run (one line), or None when it can."""
+    """Why this machine cannot hold a network run (one line), or None when it can; probed once a process (the
+    report checks before its reference, the runner before its run)."""
     if os.geteuid() != 0:
         return "network faults need root (network namespaces, veth pairs and bridges)"
     missing = [tool for tool in ("ip", "unshare", "nsenter", "setpriv") if shutil.which(tool) is None]
