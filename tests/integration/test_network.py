@@ -15,6 +15,7 @@ import pytest
 
 from chaos.cli import run_scenario
 from chaos.run.network import own_namespace_command, unavailable
+from ftcoord.host.process_state import state
 from tests.helpers.cluster import REPO
 from tests.helpers.wait import wait_until
 
@@ -221,8 +222,7 @@ def _processes_naming(text: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if text.encode() in (entry / "cmdline").read_bytes() and (entry / "stat").read_text().split(") ")[1][0] \
-                    not in "ZX":
+            if text.encode() in (entry / "cmdline").read_bytes() and state(int(entry.name)) not in (None, "Z", "X"):
                 found.append(int(entry.name))
         except OSError:
             continue
