@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: no c10d socket chatter
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 import time
@@ -24,7 +25,7 @@ from chaos.campaign.campaign import bundled_names as campaign_names
 from chaos.campaign.campaign import load as load_campaign
 from chaos.campaign.campaign import parse_seeds
 from chaos.errors import NetworkError, ReferenceUnusable
-from chaos.scenario import ScenarioError, bundled_names, load, scenario_of
+from chaos.scenario import DEVICES, ScenarioError, bundled_names, load, scenario_of
 from ftcoord import arguments
 from ftcoord.errors import ConfigError
 
@@ -73,9 +74,21 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     console.print(f"report: {run_dir / 'report.md'} (+ report.json, loss.png, timeline.png, goodput.png)")
 
 
-def run_scenario(name: str, out: Path, quiet: bool = False) -> dict[str, Any]:
-    """Run a scenario and its reference; write and return the report."""
+def run_scenario(name: str, out: Path, quiet: bool = False, device: str | None = None) -> dict[str, Any]:
+    """Run a scenario and its reference; write and return the report.
+
+    Args:
+        device: train on this device instead of the scenario's job.device ("cpu" or "cuda").
+    """
     scenario = load(name)  # a bad scenario is refused before torch is imported
+    if device is not None:
+        scenario = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, device=device))
+    if scenario.job.device == "cuda":  # refused here, with its reason, before any process starts
+        import torch
+
+        from chaos.run.launchers import gpus_by_node
+
+        gpus_by_node(scenario.job, torch.cuda.device_count())
     from chaos.report.report import run_and_report
 
     return run_and_report(scenario, out, quiet=quiet)
@@ -117,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", help=f"a bundled scenario ({', '.join(bundled_names())}) or a TOML file")
     run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<scenario>-<time>)")
     run.add_argument("--quiet", action="store_true", help="no live progress line")
+    run.add_argument("--device", choices=DEVICES, default=None,
+                     help="train on this device instead of the scenario's (cuda: one GPU per process)")
     for name, text in (("verify", "re-check a finished run directory"), ("report", "rewrite a run's report and plots")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir", type=Path)
@@ -127,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     samples.add_argument("--epochs", type=arguments.positive_int, required=True, help="epochs the run trained")
     demo = sub.add_parser("demo", help="a short mix of faults on 3 ranks, about 1-3 minutes")
     demo.add_argument("--out", type=Path, default=None)
+    demo.add_argument("--device", choices=DEVICES, default=None,
+                      help="train on this device (default: cpu; cuda: one GPU per process, 3 for the demo)")
     camp = sub.add_parser(
         "campaign", help="run an experiment's runs × seeds and summarize them beside published figures",
         description="Run campaigns (bundled: " + ", ".join(campaign_names()) + ", or a TOML file): every "
@@ -146,14 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--quiet", action="store_true", help="no progress lines")
     bench = sub.add_parser("bench", help="measure overhead, recovery, coordination latency, checkpoint stall, healing")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes (< ~5 minutes)")
-    bench.add_argument("--only", choices=["heal", "status", "store_restart", "forget"], default=None,
+    bench.add_argument("--only", choices=["heal", "status", "store_restart", "forget", "device"], default=None,
                        help="one measurement only: heal (~100M parameters + Adam healed to 1 and 2 fresh members, "
                             "old pickled path vs call.heal vs a raw broadcast; ~12 GiB of memory, minutes); status "
                             "(step time with and without `ftcoord status --watch` reading the job); store_restart "
                             "(steps trained while a SIGKILLed store is away, the stall a restart causes, the "
                             "survivors' stall for a rank killed meanwhile, from the store's return; minutes); forget "
                             "(the leader's round while an old generation of 1,024 and 4,096 members is forgotten, "
-                            "deleting it itself vs handing it to its forgetter; ~1 minute)")
+                            "deleting it itself vs handing it to its forgetter; ~1 minute); device (a GPU's: a flash "
+                            "checkpoint's copy per GiB beside the host-device copy bandwidth; needs CUDA, < 1 minute)")
     bench.add_argument("--scale", action="store_true",
                        help="the coordination protocol among many simulated participants (real store, real "
                             "Participant threads, no training): advance latency, re-form after a kill, silent-kill "
@@ -208,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("run", "demo"):
             name = "demo" if args.command == "demo" else args.scenario
             out = args.out or Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-            report = run_scenario(name, out, quiet=getattr(args, "quiet", False))
+            report = run_scenario(name, out, quiet=getattr(args, "quiet", False), device=args.device)
             _print_report(report, out)
             return 0 if report["verdict"] == "pass" else 1
         if args.command in ("verify", "report"):
@@ -265,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                 from chaos.bench.store_restart import run_store_bench
 
                 return run_store_bench(args.out, 3 if args.quick else 5)
+            if args.only == "device":
+                from chaos.bench.device import run_device_bench
+
+                return run_device_bench(args.out, args.quick)
             if args.only == "forget":
                 from chaos.bench.forget import run_forget_bench
 

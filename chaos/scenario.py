@@ -14,7 +14,7 @@ import json
 import math
 import random
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,10 @@ class ScenarioError(FatalError, ValueError):
     """A scenario file is malformed or asks for something the job cannot do."""
 
 
+DEVICES = ("cpu", "cuda")
+"""Where a scenario's ranks train (not "auto": a run and its reference must use the same device)."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     nproc: int = 2
@@ -107,13 +111,15 @@ class JobSpec:
     progress_timeout: float | None = None
     pg_timeout: float = 60.0
     grad_reduction: str = TrainConfig.grad_reduction
+    device: str = "cpu"
+    """Where the ranks train: "cpu" or "cuda" (one GPU per process: chaos.run.launchers.gpus_by_node)."""
 
     def trajectory_key(self) -> str:
         """What a fault-free reference run depends on: not faults, and not how processes are
         placed or supervised (nodes, spares, standbys, restart policy, timeouts)."""
         placement = {"nodes", "spares", "warm_standby", "restart_policy", "heartbeat_interval",
                      "heartbeat_timeout", "join_timeout", "progress_timeout", "pg_timeout", "min_world_size"}
-        data = {k: v for k, v in asdict(self).items() if k not in placement}
+        data = {k: v for k, v in asdict(self).items() if k not in placement and (k, v) != ("device", "cpu")}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
     @property
@@ -130,7 +136,7 @@ def training_config(job: JobSpec) -> TrainConfig:
     """The training configuration every rank of this job runs (what its config hash must be)."""
     return TrainConfig(steps=job.steps, global_batch=job.global_batch, model=job.model, dataset=job.dataset,
                        seed=job.seed, lr=job.lr, optimizer=job.optimizer, grad_reduction=job.grad_reduction,
-                       min_world_size=job.min_world_size, ckpt_strategy="none")
+                       min_world_size=job.min_world_size, ckpt_strategy="none", device=job.device)
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,8 @@ def _job(table: dict[str, Any], where: str) -> JobSpec:
             continue
         if not _is_number(value) or value <= 0:
             raise ScenarioError(f"{where} [job] {key} = {value!r}: must be a number > 0")
+    if job.device not in DEVICES:
+        raise ScenarioError(f"{where} [job] device = {job.device!r}: choose one of {', '.join(DEVICES)}")
     if job.min_world_size > job.nproc:
         raise ScenarioError(f"{where} [job] min_world_size = {job.min_world_size} is above nproc = {job.nproc}: "
                             f"the job could never start; lower it to {job.nproc} or less")
@@ -466,6 +474,32 @@ def from_dict(data: dict[str, Any], where: str = "<scenario>") -> Scenario:
         kinds = random_kinds(rnd["kinds"], job, f"{where} [random]") if "kinds" in rnd else RANDOM_KINDS
         faults += random_faults(job, seed, float(rnd["mtbf_steps"]), kinds=kinds)
     return Scenario(data["name"], data["description"], job, tuple(sorted(faults, key=lambda f: f.step)), where)
+
+
+PEER_FOUND_KINDS = ("hang", "pause", "pause-leader", "kill-leader", "stuck", "partition")
+"""Faults only a peer can find or outlive (a hung rank is found by the others; a killed leader needs a survivor)."""
+
+
+def on_gpus(scenario: Scenario, gpus: int) -> tuple[Scenario | None, str | None]:
+    """The scenario on cuda with one rank per GPU (NCCL lets no two ranks of a group share one): as it is when its
+    processes fit `gpus`; else with `gpus` ranks on one node, no spares, each fault aimed at slot (or rank) modulo the
+    ranks; None, and why, when a fault needs a peer and there would be none.
+
+    Args:
+        scenario: a loaded scenario.
+        gpus: the GPUs of the machine it is to run on (>= 1).
+    """
+    job = scenario.job
+    if job.nproc + job.spares <= gpus:
+        return replace(scenario, job=replace(job, device="cuda")), None
+    needs_peer = sorted({f.kind for f in scenario.faults if f.kind in PEER_FOUND_KINDS})
+    if gpus < 2 and needs_peer:
+        return None, (f"needs 2 GPUs: its {', '.join(needs_peer)} fault(s) need a peer to find or outlive them, and "
+                      f"this machine has {gpus}")
+    faults = tuple(replace(f, slot=f.slot % gpus, rank=None if f.rank is None else f.rank % gpus)
+                   for f in scenario.faults)
+    job = replace(job, device="cuda", nproc=gpus, spares=0, nodes=(), min_world_size=min(job.min_world_size, gpus))
+    return replace(scenario, name=f"{scenario.name}-{gpus}gpu", job=job, faults=faults), None
 
 
 def load(name_or_path: str) -> Scenario:

@@ -6,8 +6,8 @@ adds are marked `# ftcoord`:
 
     ftcoord-launch --embedded-store --job-id own-loop --nproc-per-node 2 -- python examples/own_loop.py 20 5
 
-`--device cuda` trains on cuda:$LOCAL_RANK over NCCL (written to torch's API, not yet run on a GPU
-here); the default is the CPU over gloo.
+`--device cuda` trains on cuda:$LOCAL_RANK over NCCL, one GPU per process (built to torch's API and tested on
+the CPU, not yet run on a GPU: README's support matrix); `auto`, the default, is cuda when torch sees a GPU.
 
 Kill any process (kill -9 PID), rank 0's included: the survivor keeps its live state, the
 replacement is healed from it (model, optimizer *and* data position), and the epoch goes on at the
@@ -27,7 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 from ftcoord import CallWrapper, Wrapper  # ftcoord
+from ftcoord.errors import ConfigError  # ftcoord
 from ftcoord.sampler import ElasticBatchSampler  # ftcoord: instead of DistributedSampler
+from ftcoord.wrapper.device import DEVICE_CHOICES, local_device  # ftcoord
 
 
 class MyTrainDataset(Dataset):
@@ -72,10 +74,11 @@ class Trainer:
         torch.save(snapshot, temporary)
         os.replace(temporary, self.snapshot_path)  # a kill mid-save leaves the previous snapshot whole
 
-    def _run_batch(self, ddp: DDP, source: torch.Tensor, targets: torch.Tensor) -> None:
+    def _run_batch(self, call: CallWrapper, ddp: DDP, source: torch.Tensor, targets: torch.Tensor) -> None:
         self.optimizer.zero_grad()
         loss = F.mse_loss(ddp(source.to(self.device)), targets.to(self.device))
         loss.backward()
+        call.wait_for_device()  # ftcoord: on a GPU, the all-reduce done (not aborted) before the step changes weights
         self.optimizer.step()
 
     def _run_epoch(self, call: CallWrapper, ddp: DDP, epoch: int) -> bool:
@@ -86,7 +89,7 @@ class Trainer:
             if call.should_stop:  # ftcoord: a stop asked anywhere ends the generation first: every rank stops here
                 return False
             self._record(call, epoch, ids)
-            self._run_batch(ddp, source, targets)
+            self._run_batch(call, ddp, source, targets)
             self.sampler.step()  # ftcoord: this global batch is consumed
             self.step += 1
             call.step = self.step  # ftcoord
@@ -94,7 +97,7 @@ class Trainer:
         return True
 
     def train(self, call: CallWrapper, max_epochs: int) -> None:
-        call.init_process_group("nccl" if self.device.type == "cuda" else "gloo")  # ftcoord: this generation's group
+        call.init_process_group(device=self.device)  # ftcoord: this generation's group (NCCL on a GPU, else gloo)
         # ftcoord: the member that trained furthest hands model, optimizer and data position to the others.
         self.step = call.heal({"model": self.model, "optimizer": self.optimizer, "data": self.sampler}, step=self.step)
         print(f"generation {call.iteration}: rank {call.rank} of {call.world_size} at epoch {self.sampler.epoch}, "
@@ -132,13 +135,14 @@ def main() -> None:
     parser.add_argument("--snapshot", type=Path, default=Path("snapshot.pt"), help="default: snapshot.pt")
     parser.add_argument("--save", metavar="PATH", help="rank 0 writes the final model's state_dict here")
     parser.add_argument("--sample-log", metavar="DIR", help="record every trained sample id (chaos check-samples)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: this process's GPU, cuda:$LOCAL_RANK, over NCCL (default: cpu, over gloo)")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                        help="cuda: this process's GPU, cuda:$LOCAL_RANK, over NCCL; auto: cuda when torch sees a GPU, "
+                             "else cpu over gloo (default: auto)")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: this machine has no CUDA device torch can use; leave --device out for the CPU")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by ftcoord-launch, as by torchrun
-    device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
+    try:
+        device = local_device(args.device)  # ftcoord: cuda:$LOCAL_RANK, checked against the GPUs this node has
+    except ConfigError as exc:
+        parser.error(str(exc))
 
     torch.manual_seed(0)  # the same initial weights on every process
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)

@@ -16,6 +16,7 @@ from ftcoord import arguments, env, log
 from ftcoord.config import Timing
 from ftcoord.errors import ConfigError, FatalError, FtcoordError, Superseded
 from ftcoord.wrapper.decorator import Wrapper
+from ftcoord.wrapper.device import DEVICE_CHOICES
 from training.checkpoint import atomic
 from training.config import GRAD_REDUCTIONS, MODELS, STRATEGIES, DatasetSpec, TrainConfig, check_dataset_holds_a_batch
 from training.errors import TrainingConfigError
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-reduction", choices=GRAD_REDUCTIONS, default=DEFAULTS["grad_reduction"],
                    help="fixed: gradients summed in rank order, so a run with faults ends bit-identical to a "
                         "fault-free run at every world size; allreduce: DDP's built-in (exact up to 2 ranks)")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default=DEFAULTS["device"],
+                   help="where this rank trains: cuda is cuda:$LOCAL_RANK over NCCL, one GPU per process on a node "
+                        "(workers and spares); auto is cuda when torch sees a GPU, else cpu over gloo")
     p.add_argument("--hook", action="append", default=[], help="MODULE:FACTORY step hook (fault injection)")
     timing = Timing()
     p.add_argument("--heartbeat-interval", type=arguments.positive_float, default=None,
@@ -100,7 +104,8 @@ def prepare(argv: list[str] | None) -> tuple[TrainConfig, Wrapper, int]:
         ckpt_start_over=args.ckpt_start_over, warm_start=args.warm_start,
         log_dir=args.log_dir or os.environ.get(env.LOG_DIR_ENV), step_time=args.step_time,
         sample_time=args.sample_time,
-        min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, hooks=tuple(args.hook))
+        min_world_size=args.min_world_size, grad_reduction=args.grad_reduction, device=args.device,
+        hooks=tuple(args.hook))
     dataset = DatasetSpec.parse(config.dataset)
     dataset.check()
     if dataset.size:

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ftcoord.wrapper.device import DEVICE_CHOICES
 from training.errors import DatasetNotFound, TrainingConfigError
 
 STRATEGIES = ("none", "blocking", "overlapped", "flash")
@@ -111,6 +112,9 @@ class TrainConfig:
     grad_reduction: str = "fixed"
     """How DDP reduces gradients: "fixed" (rank order, bit-identical at every world size) or
     "allreduce" (DDP's built-in). Not a trajectory field: like the world size, it may change on a resume."""
+    device: str = "auto"
+    """Where the rank trains: "cpu", "cuda" (cuda:$LOCAL_RANK, over NCCL) or "auto" (cuda when torch sees a GPU).
+    Not a trajectory field: a checkpoint moves between devices (its tensors are loaded onto the rank's)."""
     hooks: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -135,6 +139,8 @@ class TrainConfig:
         if self.grad_reduction not in GRAD_REDUCTIONS:
             raise TrainingConfigError(f"--grad-reduction {self.grad_reduction!r}: choose one of "
                                       f"{', '.join(GRAD_REDUCTIONS)}")
+        if self.device not in DEVICE_CHOICES:
+            raise TrainingConfigError(f"--device {self.device!r}: choose one of {', '.join(DEVICE_CHOICES)}")
         if self.optimizer not in ("sgd", "adam"):
             raise TrainingConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adam")
         dataset = DatasetSpec.parse(self.dataset)

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ftcoord import CallWrapper
 from ftcoord.log import get_logger
+from ftcoord.wrapper.device import local_device
 from training import reduction
 from training.buffers import BufferGuard
 from training.checkpoint import atomic
@@ -33,10 +34,12 @@ class Trainer:
     def __init__(self, config: TrainConfig, slot: int) -> None:
         self.config = config
         self.slot = slot
+        self.device = local_device(config.device)
         self.dataset = make_dataset(config.dataset, config.seed)
         self.sampler = ResumableGlobalBatchSampler(len(self.dataset), config.global_batch, config.seed)
         sample = self.dataset[0][0]
         model = build_model(config.model, tuple(sample.shape), self.dataset.classes, config.seed)  # type: ignore[attr-defined]
+        model.to(self.device)  # built on the CPU, so the first weights are the same bits on any device
         optimizer = build_optimizer(config, model)
         self.state = TrainState(model, optimizer, build_scheduler(config, optimizer), self.sampler)
         self.config_hash = config.config_hash()
@@ -53,7 +56,8 @@ class Trainer:
         self._saved_in: dict[int, int] = {}  # step -> generation that saved it (for the ledger line)
         self.ledger = Ledger(config.log_dir or os.environ.get("FTCOORD_LOG_DIR"), config.job_id, slot)
         self.log = get_logger(component="trainer", slot=slot)
-        self.log.info("trainer_ready", parameters=parameter_count(model), dataset_size=len(self.dataset),
+        self.log.info("trainer_ready", device=str(self.device), parameters=parameter_count(model),
+                      dataset_size=len(self.dataset),
                       steps_per_epoch=self.sampler.steps_per_epoch, config_hash=self.config_hash)
 
     # -- resume ---------------------------------------------------------------------
@@ -78,7 +82,7 @@ class Trainer:
 
     def __call__(self, call: CallWrapper) -> str:
         config, state = self.config, self.state
-        call.init_process_group()
+        call.init_process_group(device=self.device)
         rank, world = call.rank, call.world_size
         local_batch(config.global_batch, world)  # the leader only picks divisors; guard anyway
         report, loaded_from = heal(call, state, self._load_checkpoint)
@@ -91,12 +95,14 @@ class Trainer:
                           heal_receivers=list(report.receivers), heal_bytes=report.bytes,
                           heal_s=round(report.seconds, 4), loaded_from=loaded_from,
                           restarts=call.restarts, config_hash=self.config_hash, trajectory=config.trajectory(),
-                          grad_reduction=config.grad_reduction, threads=torch.get_num_threads())
+                          grad_reduction=config.grad_reduction, threads=torch.get_num_threads(),
+                          device=self.device.type)
         if self.checkpoint is not None and rank == 0:
             self.checkpoint.prepare()
         # Buffers (BatchNorm statistics) are synced after backward rather than at the next forward
         # (DDP's default) and rolled back when a step fails: see training.buffers.
-        ddp = DDP(state.model, broadcast_buffers=False)
+        ddp = DDP(state.model, broadcast_buffers=False,
+                  device_ids=[self.device.index] if self.device.type == "cuda" else None)
         mid = (lambda: self._run_hooks("mid_reduction", call, self.state.step)) if self.hooks else None
         reduction.install(ddp, config.grad_reduction, between_phases=mid)
         buffers = BufferGuard(state.model)
@@ -120,7 +126,8 @@ class Trainer:
                           digest=state.digest())
         if rank == 0 and self.ledger.directory is not None:
             # The final parameters, for divergence (L2) against a reference run.
-            torch.save(state.model.state_dict(), self.ledger.directory / "final_params.pt")
+            final = {name: tensor.cpu() for name, tensor in state.model.state_dict().items()}
+            torch.save(final, self.ledger.directory / "final_params.pt")
         if self.checkpoint is not None and rank == 0:
             self.checkpoint.flush()
         return "done"
@@ -138,12 +145,13 @@ class Trainer:
         shard = self.sampler.shard(step, rank, world)
         x, y, consumed = collate(self.dataset, shard)
         state.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()  # DDP all-reduces the gradients here
+        loss = F.cross_entropy(ddp(x.to(self.device)), y.to(self.device))
+        loss.backward()  # DDP all-reduces the gradients here (on a GPU: queues the all-reduce)
         if hooks:
             self._run_hooks("after_backward", call, step)
         if buffers.buffers:
             buffers.sync_from_rank0()
+        call.wait_for_device()  # on a GPU: the step's collectives done, and not aborted, before anything changes
         state.optimizer.step()
         if hooks:
             self._run_hooks("after_optimizer_step", call, step, optimizer=state.optimizer)

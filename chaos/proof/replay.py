@@ -49,13 +49,29 @@ class ReplayResult:
     seconds: float = 0.0
 
 
+def replay_device(device: str) -> torch.device:
+    """Where a run's replay computes: on the device type the run trained on (the arithmetic differs between them).
+
+    Raises:
+        ValueError: the run trained on a GPU and this process sees none.
+    """
+    if device != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("the run trained on cuda, and its replay must compute on a GPU too; this process sees none "
+                         "(verify it on a machine with a GPU)")
+    return torch.device("cuda", 0)
+
+
 def replay(config: TrainConfig, plan: list[StepPlan], expect: DataExpectation | None = None) -> ReplayResult:
     """Train `len(plan)` steps as the plan says (see the module docstring)."""
     started = time.perf_counter()
     threads_before = torch.get_num_threads()
     expect = expect or DataExpectation(config.dataset, config.global_batch, config.seed)
     dataset = expect.dataset
+    device = replay_device(config.device)
     model = build_model(config.model, tuple(dataset[0][0].shape), dataset.classes, config.seed)  # type: ignore[attr-defined]
+    model.to(device)
     optimizer = build_optimizer(config, model)
     state = TrainState(model, optimizer, build_scheduler(config, optimizer),
                        ResumableGlobalBatchSampler(expect.size, config.global_batch, config.seed))
@@ -83,7 +99,7 @@ def replay(config: TrainConfig, plan: list[StepPlan], expect: DataExpectation | 
                 x, y, _ = collate(dataset, torch.tensor(ids, dtype=torch.int64))
                 for p in params:
                     p.grad = None
-                loss = F.cross_entropy(model(x), y)
+                loss = F.cross_entropy(model(x.to(device)), y.to(device))
                 loss.backward()
                 grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
                 step_losses.append(loss.item())
@@ -101,5 +117,5 @@ def replay(config: TrainConfig, plan: list[StepPlan], expect: DataExpectation | 
     finally:
         torch.set_num_threads(threads_before)
     state.step = len(plan)
-    return ReplayResult(state.digest(), {k: v.detach().clone() for k, v in model.state_dict().items()}, losses,
+    return ReplayResult(state.digest(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, losses,
                         time.perf_counter() - started)

@@ -69,6 +69,7 @@ def build_report(run_dir: Path, scenario: Scenario, ref_dir: Path, ref: dict[str
         "verdict": "pass" if not problems and model.passed else "fail",
         "steps": job.steps,
         "world_size": job.nproc,
+        "device": job.device,
         "world_sizes": verdict.world_sizes,
         "correctness": {"duplicates": verdict.duplicates, "missing": verdict.missing, "extra": verdict.extra,
                         "epochs_checked": verdict.epochs_checked, "bit_identical": model.bit_identical,

@@ -20,7 +20,7 @@ from chaos.own_code import checkout_command, own_code_env
 from chaos.run.inject import MARKER_DIR_ENV, PLAN_ENV
 from chaos.run.network import DATA_IFNAME, Network
 from chaos.run.planted import CKPT_CRASH_ENV, PLANTED_BUG_ENV
-from chaos.scenario import JobSpec
+from chaos.scenario import JobSpec, ScenarioError
 from ftcoord.launcher.children_env import omp_threads_per_process
 
 
@@ -32,12 +32,28 @@ def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
             "--min-world-size", str(job.min_world_size), "--grad-reduction", job.grad_reduction,
             "--heartbeat-interval", str(job.heartbeat_interval), "--heartbeat-timeout", str(job.heartbeat_timeout),
             "--join-timeout", str(job.join_timeout), "--pg-timeout", str(job.pg_timeout),
-            "--hook", "chaos.run.inject:hook"]
+            "--device", job.device, "--hook", "chaos.run.inject:hook"]
     if job.progress_timeout:
         args += ["--progress-timeout", str(job.progress_timeout)]
     if ckpt_dir is not None and job.ckpt_strategy != "none":
         args += ["--ckpt-dir", str(ckpt_dir), "--ckpt-strategy", job.ckpt_strategy, "--ckpt-every", str(job.ckpt_every)]
     return args
+
+
+def gpus_by_node(job: JobSpec, gpus: int) -> list[str]:
+    """Each node's CUDA_VISIBLE_DEVICES for a cuda job: the "nodes" share one machine, and one GPU serves one process
+    (ftcoord.wrapper.device), so node i sees GPUs of its own, one per worker and hot spare of its launcher.
+
+    Raises:
+        ScenarioError: the job runs more processes than the machine has GPUs.
+    """
+    counts = [len(slots) + (job.spares if index == 0 else 0) for index, slots in enumerate(job.node_slots)]
+    if sum(counts) > gpus:
+        raise ScenarioError(f"device = \"cuda\": the job runs {sum(counts)} processes (workers and spares over "
+                            f"{len(counts)} node(s)), one GPU each, and this machine has {gpus} GPU(s); lower nproc "
+                            f"or spares, or use device = \"cpu\"")
+    first = [sum(counts[:i]) for i in range(len(counts))]
+    return [",".join(str(g) for g in range(start, start + count)) for start, count in zip(first, counts, strict=True)]
 
 
 @dataclass
@@ -80,6 +96,11 @@ class Launchers:
         self.network = network
         if network is not None:
             self.env["GLOO_SOCKET_IFNAME"] = DATA_IFNAME
+        self.gpus: list[str] = []  # each node's CUDA_VISIBLE_DEVICES (a cuda job's)
+        if job.device == "cuda":
+            import torch
+
+            self.gpus = gpus_by_node(job, torch.cuda.device_count())
         self.output = output.open("ab")
 
     def command(self, node: Node) -> list[str]:
@@ -103,7 +124,8 @@ class Launchers:
                 self.network.replaced(node.index)
                 node.cut_off = False
             command = self.network.enter(node.index, command)
-        node.process = subprocess.Popen(command, env=self.env, stdout=self.output,
+        env = {**self.env, "CUDA_VISIBLE_DEVICES": self.gpus[node.index]} if self.gpus else self.env
+        node.process = subprocess.Popen(command, env=env, stdout=self.output,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         node.starts += 1
 

@@ -1,13 +1,15 @@
-"""Releasing a member blocked in a gloo collective with a peer that will never join it.
+"""Releasing a member blocked in a collective with a peer that will never join it.
 
-gloo cannot abort a collective (NCCL can: ftcoord.wrapper.call.CallWrapper.teardown). A peer that stops answering
-without closing its connections (its node lost power or network, or it is stopped) blocks its peers' collectives
-until pg_timeout, deaf to the interrupt. So each member watches its generation while its group lives (`GroupRelease`,
-a thread per generation): once the generation is interrupted for the death of another member (`heartbeat_stale`,
-`hung`, `gone`: ftcoord.leader.judge) or its replacement (`rejoin`), the group's sockets are shut down
-(ftcoord.host.group_sockets) and a collective blocked on that member fails at once (none could complete without it).
-When another reason won the interrupt, a group that outlives it by `grace_s` waits on keys.released, on a client of
-its own, for a member declared dead; other reasons cut nothing: members leave at their next step boundary.
+A peer that stops answering without closing its connections (its node lost power or network, or it is stopped)
+blocks its peers' collectives until pg_timeout, deaf to the interrupt. So each member watches its generation while
+its group lives (`GroupRelease`, a thread per generation): once the generation is interrupted for the death of another
+member (`heartbeat_stale`, `hung`, `gone`: ftcoord.leader.judge) or its replacement (`rejoin`), the group is released
+and a collective blocked on that member fails at once (none could complete without it): a gloo group's sockets are
+shut down (ftcoord.host.group_sockets; gloo cannot abort), an NCCL group's communicators are aborted (`abort`).
+When another reason won the interrupt, a gloo group that outlives it by `grace_s` waits on keys.released, on a client
+of its own, for a member declared dead (a peer that raised closed its sockets, which fails their collectives); an
+NCCL group that outlives it by `grace_s` is aborted (a peer leaving fails nothing there). Members leave at their next
+step boundary, or at the release.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class GroupRelease:
     of another member, or another member is declared dead after another reason interrupted it (module docstring).
     `interrupted(timeout)` waits for the generation's interrupt (the interrupt monitor's); `reason()` is its reason;
     `client()` opens a store client of the job's (for the declared death: None waits for none), `grace_s` after the
-    interrupt if the group still lives."""
+    interrupt if the group still lives; `abort()`, when given, releases what sockets cannot (an NCCL group's
+    communicators: ProcessGroup.abort), after the sockets."""
 
     def __init__(self, slot: int, generation: int, members: tuple[int, ...], sockets: dict[int, str],
                  interrupted: Callable[[float], bool], reason: Callable[[], str | None],
-                 client: Callable[[], Any] | None = None, grace_s: float = 2.5) -> None:
+                 client: Callable[[], Any] | None = None, grace_s: float = 2.5,
+                 abort: Callable[[], None] | None = None) -> None:
         self._generation = generation
         self._others = set(members) - {slot}
         self._sockets = dict(sockets)  # a copy: the training thread clears its own at teardown
@@ -53,6 +57,9 @@ class GroupRelease:
         self._reason = reason
         self._client = client
         self._grace_s = grace_s
+        self._abort = abort
+        self.aborted = False
+        """Whether this watch aborted the group (`abort`): its collectives' results are void from then on."""
         self._store: Any = None  # the client of the wait for a declared death, once opened
         self._done = threading.Event()
         self.released = 0
@@ -84,6 +91,11 @@ class GroupRelease:
             reason = self._reason()
             if dead_member(reason) in self._others:
                 self._cut(reason)
+            elif self._abort is not None:
+                # A peer that left an NCCL group (it raised, or was interrupted between two collectives) does not
+                # fail its peers' collectives as closed sockets do: a group that outlives the interrupt is aborted.
+                if not self._done.wait(self._grace_s):
+                    self._cut(reason or "interrupted", outlived_s=self._grace_s)
             else:
                 self._await_declared_death(reason)
             return  # interrupted: this generation's collectives are over either way
@@ -109,4 +121,8 @@ class GroupRelease:
 
     def _cut(self, reason: str, **facts: object) -> None:
         self.released = group_sockets.shut_down(self._sockets)
-        self._log.warning("process_group_released_early", reason=reason, sockets=self.released, **facts)
+        if self._abort is not None:
+            self.aborted = True  # before the abort: a collective it ends must find its result void
+            self._abort()
+        self._log.warning("process_group_released_early", reason=reason, sockets=self.released,
+                          aborted=self.aborted, **facts)

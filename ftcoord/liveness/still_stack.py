@@ -22,8 +22,10 @@ from structlog.typing import FilteringBoundLogger
 
 from ftcoord.host.process_state import thread_state
 
-WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/")
-"""Where a training thread sits while it waits for its peers in a collective: among its innermost frames."""
+WAITING_MODULES = ("/torch/distributed/", "/torch/autograd/", "/torch/nn/parallel/", "/torch/cuda/")
+"""Where a training thread sits while it waits for its peers in a collective: among its innermost frames. Under NCCL
+a collective returns at once and the wait lands on a device synchronisation (torch.cuda.synchronize, as in
+CallWrapper.wait_for_device): a rank waiting there is waiting on its peers."""
 WAITING_DEPTH = 4
 """How many of the innermost frames are looked at for those: a collective's call is within the first few."""
 JOINING_MODULE = "/ftcoord/wrapper/generation_client.py"

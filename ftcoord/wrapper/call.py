@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ftcoord import pausepoints
-from ftcoord.env import LOCAL_RANK_ENV
-from ftcoord.errors import FtcoordError
+from ftcoord.errors import ConfigError, FtcoordError
 from ftcoord.host import group_sockets
 from ftcoord.liveness.group_release import GroupRelease
 from ftcoord.log import get_logger
@@ -57,6 +56,11 @@ a key is one host's name and address, whatever W; with the store's extended API 
 keys: W²/128 of them and O(W²) bytes. Set where the user has not set them, before ftcoord forms a gloo group; every
 member sets them alike (gloo reads them at each group's creation)."""
 
+NCCL_OPTIONS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+"""torch's NCCL settings for an in-process restart, set where the user has not set them before an NCCL group forms.
+2 (CleanUpOnly): when the watchdog finds a collective failed or past pg_timeout it aborts the communicators and the
+next wait raises, where torch's default tears the whole process down; the process restarts in place instead."""
+
 # Messages of collectives that failed because a peer went away (gloo, NCCL).
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout",
                          "Timed out waiting", "NCCL communicator was aborted", "Broken pipe")
@@ -71,11 +75,6 @@ def is_peer_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(marker in text for marker in _PEER_FAILURE_MARKERS)
-
-
-def default_backend() -> str:
-    """nccl when this process has a GPU, gloo otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 class CallWrapper:
@@ -112,6 +111,7 @@ class CallWrapper:
         self._pg_timeout = pg_timeout
         self._group: dist.ProcessGroup | None = None
         self._backend: str | None = None
+        self._device: torch.device | None = None  # init_process_group's
         self._sockets: dict[int, str] = {}  # what init_process_group opened (see ftcoord.host.group_sockets)
         self._release: GroupRelease | None = None  # shuts them down when a member is declared dead (group_release)
         self._atomic_depth = 0
@@ -207,6 +207,19 @@ class CallWrapper:
                 f"generation {self.iteration} was interrupted ({self._participant.monitor.reason})"
             )
 
+    def wait_for_device(self) -> None:
+        """Wait until the work this rank queued on its GPU, its collectives among it, has finished; raise
+        GenerationInterrupted if the generation was interrupted meanwhile (a collective the release aborted leaves
+        a void result). Call it after backward, before the optimizer changes anything, so that a failed step
+        changes nothing. On the CPU a collective returns when it is done, and this does nothing. While it waits the
+        rank counts as waiting on its peers (ftcoord.liveness.still_stack: torch.cuda's frames)."""
+        if self._device is None or self._device.type != "cuda":
+            return
+        torch.cuda.synchronize(self._device)
+        if self._participant.interrupted or (self._release is not None and self._release.aborted):
+            raise GenerationInterrupted(f"generation {self.iteration} was interrupted while this rank waited on its "
+                                        f"GPU ({self._participant.monitor.reason})")
+
     def ping(self) -> None:
         """Progress heartbeat: a rank that stops pinging for progress_timeout is hung. Call it after each
         committed step, with `step` set: operators see the step and steps/s (`ftcoord status`)."""
@@ -237,27 +250,37 @@ class CallWrapper:
 
     # -- process group ------------------------------------------------------------------
 
-    def init_process_group(self, backend: str | None = None) -> dist.ProcessGroup:
+    def init_process_group(self, backend: str | None = None,
+                           device: torch.device | str | None = None) -> dist.ProcessGroup:
         """Create this generation's default process group over the external store (once; later calls return it).
 
         Its rendezvous keys live under `gen/<g>/pg`, so generations never collide, and no
         second rendezvous server is started. The wait for every member to arrive leaves at once
         when the generation is interrupted (GenerationInterrupted), and so does a creation cut short.
+        An NCCL group is bound to its device (a new communicator per generation, created eagerly) and
+        aborted when the generation is interrupted under a collective (ftcoord.liveness.group_release).
 
         Args:
-            backend: "nccl" or "gloo"; None: nccl when this process has a GPU, gloo otherwise. With
-                nccl the device is cuda:$LOCAL_RANK.
+            backend: "nccl" or "gloo"; None: nccl for a cuda device, gloo otherwise.
+            device: where this rank's tensors live (ftcoord.wrapper.device.local_device picks one); None:
+                the CPU. A cuda device becomes the current device and the group's device_id.
 
         Returns:
             The generation's process group, `dist.group.WORLD`.
         """
         if self._group is not None:
             return self._group
-        self._backend = backend or default_backend()
+        device = self._device = torch.device(device if device is not None else "cpu")
+        self._backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         device_id = None
         if self._backend == "nccl":
-            device_id = torch.device("cuda", int(os.environ.get(LOCAL_RANK_ENV, "0")))
+            if device.type != "cuda":
+                raise ConfigError(f"init_process_group(backend='nccl', device={str(device)!r}): NCCL moves CUDA "
+                                  f"tensors only; pass device=torch.device('cuda', LOCAL_RANK), or use gloo")
+            device_id = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(device_id)
+            for name, value in NCCL_OPTIONS.items():
+                os.environ.setdefault(name, value)
         else:
             for name, value in GLOO_RENDEZVOUS_OPTIONS.items():
                 os.environ.setdefault(name, value)
@@ -280,12 +303,16 @@ class CallWrapper:
             self._log.info("process_group_creation_failed", sockets=released)
             raise
         self._group = dist.group.WORLD
+        monitor = self._participant.monitor
+        grace_s = self._participant.timing.heartbeat_timeout / 2
         if self._backend == "gloo":  # so a peer can name us if our connection closes (ftcoord.protocol.evidence)
             self._participant.publish_addresses(self.iteration, evidence.local_addresses(self._sockets))
-            monitor = self._participant.monitor
             self._release = GroupRelease(self.slot, self.iteration, self.members, self._sockets, monitor.wait,
                                          lambda: monitor.reason, self._participant.clone_store,
-                                         grace_s=self._participant.timing.heartbeat_timeout / 2).start()
+                                         grace_s=grace_s).start()
+        else:  # NCCL: its communicators are aborted, from the watch's thread (ProcessGroup.abort is thread-safe)
+            self._release = GroupRelease(self.slot, self.iteration, self.members, {}, monitor.wait,
+                                         lambda: monitor.reason, grace_s=grace_s, abort=self._group.abort).start()
         self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
                        world_size=self.world_size)
         return self._group
@@ -427,16 +454,22 @@ class CallWrapper:
         """
         if self._release is not None:
             self._release.stop()
+            failed = failed or self._release.aborted
             self._release = None
         if self._group is None:
             return
+        if self._backend == "nccl" and failed:
+            try:  # abort before destroy: every communicator ends at once, and destroy then waits on no peer
+                self._group.abort()
+            except Exception as exc:
+                self._log.warning("process_group_abort_failed", error=str(exc))
         try:
-            if self._backend == "nccl":
-                dist.distributed_c10d._abort_process_group()
-            else:
-                dist.destroy_process_group()
+            dist.destroy_process_group()
         except Exception as exc:  # a broken group is being thrown away anyway
             self._log.warning("process_group_teardown_failed", error=str(exc))
+            if dist.is_initialized():  # the next generation's group needs the default one gone
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._abort_process_group()
         if failed:
             with contextlib.suppress(Exception):  # the store may be gone; the sockets go down regardless
                 evidence.announce_leaving(self.store, self.iteration, self.slot)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from ftcoord import StoreServer, connect, job_store
 from tests.helpers.cluster import REPO
@@ -101,6 +102,15 @@ ROWS = [
     Row("launch a child with negative steps", (*LAUNCH, "--store", "{store}", "--job-id", "{job}", "--", *TRAINING,
                                                "--steps", "-5"), 2,
         ("--steps", "-5 is out of range", "not restarting")),
+    *([] if torch.cuda.is_available() else [  # what a machine without a GPU answers (torch is imported first)
+        Row("training on cuda without a GPU", (*TRAINING, "--device", "cuda"), 2,
+            ("--device cuda", "no CUDA device", "--device cpu"), seconds=20.0),
+        Row("launch ranks on cuda without a GPU", (*LAUNCH, "--store", "{store}", "--job-id", "{job}", "--nproc", "2",
+                                                   "--", *TRAINING, "--device", "cuda"), 2,
+            ("--device cuda", "no CUDA device", "not restarting"), seconds=30.0),
+        Row("gpu-check without a GPU", (PY, str(REPO / "scripts" / "gpu-check")), 2,
+            ("no CUDA device", "a machine with a GPU"), seconds=20.0),
+    ]),
     # python -m training
     Row("training negative steps", (*TRAINING, "--steps", "-5"), 2, ("--steps", "-5", ">= 1")),
     Row("training zero global batch", (*TRAINING, "--global-batch", "0"), 2, ("--global-batch", "0", ">= 1")),
@@ -135,8 +145,10 @@ ROWS = [
     Row("chaos unknown campaign", (*CHAOS, "campaign", "nosuch"), 2, ("'nosuch'", "ecrl-exp1")),
     # examples: CUDA_VISIBLE_DEVICES="" hides any GPU, so the row holds on every machine
     Row("example --device cuda without a GPU", (PY, str(REPO / "examples" / "own_loop.py"), "1", "1", "--device",
-                                                "cuda"), 2, ("--device cuda", "no CUDA device", "leave --device out"),
+                                                "cuda"), 2, ("--device cuda", "no CUDA device", "--device cpu"),
         env={"CUDA_VISIBLE_DEVICES": ""}, seconds=30.0),
+    Row("quickstart --device cuda without a GPU", (PY, str(REPO / "examples" / "quickstart.py"), "--device", "cuda"),
+        2, ("--device cuda", "no CUDA device", "--device cpu"), env={"CUDA_VISIBLE_DEVICES": ""}, seconds=30.0),
     # ftcoord
     Row("ftcoord unknown command", (PY, "-m", "ftcoord.observe.cli", "purge"), 2, ("'purge'", "gc")),
 ]

@@ -1,8 +1,9 @@
 """Flash checkpoints: copy the state into a reused shared-memory buffer, persist in the background.
 
-The training thread only memcpys tensors into the image and writes a tiny skeleton; a persister process (its own
-session, so it outlives the trainer) writes the image to disk with the atomic protocol. A process restarted on the
-same node loads the image when it is at least as new as the newest checkpoint on disk. An image lives in the job's
+The training thread only memcpys tensors into the image (a GPU's through a reused pinned buffer: shm.PinnedStaging)
+and writes a tiny skeleton; a persister process (its own session, so it outlives the trainer) writes the image to
+disk with the atomic protocol. A process restarted on the same node loads the image when it is at least as new as
+the newest checkpoint on disk (onto the rank's device: TrainState.restore copies into it). An image lives in the job's
 node-local scratch (`ftcoord.host.scratch`), which its launcher removes; it records the checkpoint directory's
 lineage, and a run loads only an image of its own. One persister per image (it holds `persister.lock`); a new
 trainer waits until an earlier trainer's last request is written, killing a lock holder stuck past TAKEOVER_WAIT_S.
@@ -52,6 +53,7 @@ class FlashCheckpoint(CheckpointStrategy):
         slot = int(os.environ.get(SLOT_ENV, str(os.getpid())))
         self.directory = scratch.slot_dir(job_id, slot) / FLASH
         self._buffer: shm.SharedBuffer | None = None
+        self._staging: shm.PinnedStaging | None = None  # made at the first save of a state on a GPU
         self._persister: subprocess.Popen[bytes] | None = None
         self._seq = 0
         self._in_flight: dict[int, SaveStats] = {}
@@ -165,7 +167,9 @@ class FlashCheckpoint(CheckpointStrategy):
         shm.write_marker(self.directory, shm.WRITING, seq)  # the persister never commits a torn read
         (self.directory / shm.META).unlink(missing_ok=True)  # a kill mid-copy leaves no valid image
         assert self._buffer is not None
-        shm.write_image(self._buffer, tensors, layout, total)
+        if self._staging is None and any(t.device.type != "cpu" for t in tensors):
+            self._staging = shm.PinnedStaging()
+        shm.write_image(self._buffer, tensors, layout, total, self._staging)
         copied = time.perf_counter()
         meta = {"seq": seq, "step": state.step, "world_size": world_size, "config_hash": self.config_hash,
                 "root": str(self.root.resolve()), "lineage": atomic.lineage(self.root), "job_id": self.job_id,
