@@ -40,19 +40,20 @@ def machine() -> dict[str, Any]:
 
 # -- overhead ----------------------------------------------------------------------------
 
-def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, watched: bool = False) -> float:
-    """The median step time (s) of a 2-rank DDP probe after its warm-up (`watched`: with an operator's
-    `ftcoord status --watch` reading the job all along)."""
+def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, watched: bool = False,
+                device: str = "cpu", world: int = 2) -> float:
+    """The median step time (s) of a DDP probe of `world` ranks on `device` after its warm-up (`watched`: with an
+    operator's `ftcoord status --watch` reading the job all along)."""
     job = f"bench-{mode}-{reduction}-{uuid.uuid4().hex[:6]}"
-    files = [out / f"steps-{job}-{r}.json" for r in range(2)]
+    files = [out / f"steps-{job}-{r}.json" for r in range(world)]
     status = ["status", "--store", store, "--job", job, "--watch"]
     watcher = start_worker("ftcoord.observe.cli", status, env=machine_env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL) if watched else None
     procs = [start_worker("chaos.bench.workers", ["steps", "--mode", mode, "--reduction", reduction, "--rank", str(r),
                                                   "--store", store, "--job", job, "--out", str(files[r]),
-                                                  "--steps", str(steps)],
+                                                  "--steps", str(steps), "--device", device, "--world", str(world)],
                           env=machine_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for r in range(2)]
+             for r in range(world)]
     for p in procs:
         p.wait(600)
     if watcher is not None:
@@ -61,12 +62,15 @@ def _step_times(store: str, out: Path, mode: str, reduction: str, steps: int, wa
     return statistics.median(json.loads(files[0].read_text())["times"][steps // 5:])  # skip the warm-up
 
 
-def _paired(store: str, out: Path, reps: int, steps: int, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
-    """Step times of two probe configurations (mode, reduction), alternating which goes first."""
+def _paired(store: str, out: Path, reps: int, steps: int, a: tuple[str, str], b: tuple[str, str],
+            **probe: Any) -> dict[str, Any]:
+    """Step times of two probe configurations (mode, reduction), alternating which goes first (`probe`: _step_times's
+    device and world)."""
     a_ms, b_ms, ratios = [], [], []
     for rep in range(reps):
         first, second = (a, b) if rep % 2 == 0 else (b, a)
-        times = {first: _step_times(store, out, *first, steps), second: _step_times(store, out, *second, steps)}
+        times = {first: _step_times(store, out, *first, steps, **probe),
+                 second: _step_times(store, out, *second, steps, **probe)}
         a_ms.append(times[a] * 1000)
         b_ms.append(times[b] * 1000)
         ratios.append(times[b] / times[a])
@@ -76,9 +80,10 @@ def _paired(store: str, out: Path, reps: int, steps: int, a: tuple[str, str], b:
             "a_step_ms": summary(a_ms, 3), "b_step_ms": summary(b_ms, 3)}
 
 
-def bench_overhead(store: str, out: Path, reps: int, steps: int) -> dict[str, Any]:
-    """Bare DDP vs the same loop under @Wrapper (both with DDP's built-in all-reduce)."""
-    paired = _paired(store, out, reps, steps, ("bare", "allreduce"), ("wrapped", "allreduce"))
+def bench_overhead(store: str, out: Path, reps: int, steps: int, device: str = "cpu", world: int = 2) -> dict[str, Any]:
+    """Bare DDP vs the same loop under @Wrapper (both with DDP's built-in all-reduce), `world` ranks on `device`."""
+    paired = _paired(store, out, reps, steps, ("bare", "allreduce"), ("wrapped", "allreduce"), device=device,
+                     world=world)
     return {"ratio_of_medians": paired["ratio_of_medians"], "ratio": paired["ratio"],
             "bare_step_ms": paired["a_step_ms"], "wrapped_step_ms": paired["b_step_ms"]}
 
