@@ -25,7 +25,7 @@ from chaos.campaign.campaign import bundled_names as campaign_names
 from chaos.campaign.campaign import load as load_campaign
 from chaos.campaign.campaign import parse_seeds
 from chaos.errors import NetworkError, ReferenceUnusable
-from chaos.scenario import DEVICES, ScenarioError, bundled_names, load, scenario_of
+from chaos.scenario import DEVICES, ScenarioError, bundled_names, load, parse, scenario_of, to_toml
 from ftcoord import arguments
 from ftcoord.errors import ConfigError
 
@@ -81,14 +81,13 @@ def run_scenario(name: str, out: Path, quiet: bool = False, device: str | None =
         device: train on this device instead of the scenario's job.device ("cpu" or "cuda").
     """
     scenario = load(name)  # a bad scenario is refused before torch is imported
-    if device is not None:
-        scenario = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, device=device))
+    if device is not None:  # checked again whole: a device rules some faults out
+        changed = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, device=device))
+        scenario = dataclasses.replace(parse(to_toml(changed), f"{name} with --device {device}"), path=scenario.path)
     if scenario.job.device == "cuda":  # refused here, with its reason, before any process starts
-        import torch
+        from chaos.run.launchers import gpus_by_node, visible_gpus
 
-        from chaos.run.launchers import gpus_by_node
-
-        gpus_by_node(scenario.job, torch.cuda.device_count())
+        gpus_by_node(scenario.job, visible_gpus())
     from chaos.report.report import run_and_report
 
     return run_and_report(scenario, out, quiet=quiet)

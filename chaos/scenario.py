@@ -300,6 +300,10 @@ def _fault(table: dict[str, Any], job: JobSpec, where: str) -> Fault:
                             f"than the heartbeat timeout, or none (for good)")
     if fault.kind in ("lose", "partition", "replace") and not job.nodes:
         raise ScenarioError(f"{where}: {fault.kind} works on a node; declare [job] nodes = [[0], [1], ...]")
+    if fault.kind in NETWORK_KINDS and job.device == "cuda":
+        raise ScenarioError(f"{where}: {fault.kind} cuts a node's links, and the ranks of a cuda job on one machine "
+                            f"talk through NCCL's shared memory and GPU peer access, which no link cut stops; use "
+                            f"device = \"cpu\" for network faults")
     if fault.kind in NETWORK_KINDS and len(job.node_slots) < 2:
         raise ScenarioError(f"{where}: {fault.kind} cuts a node off from the others; declare two nodes or more: "
                             f"[job] nodes = [[0], [1], ...]")

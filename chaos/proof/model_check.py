@@ -104,7 +104,10 @@ def step_plan(records: list[dict[str, Any]], verdict: Verdict,
             # a rank without a generation line is already a ledger problem; replay it like rank 0
             known = [t for t in threads if t]
             threads = tuple(t or (known[0] if known else torch.get_num_threads()) for t in threads)
-        plan.append(StepPlan(world, reductions.pop(), threads))
+        devices = {line.get("device", "cpu") for line in ranks.values()}  # ledgers from before devices: the CPU
+        if len(devices) != 1:
+            return [], [f"generation {generation}: its ranks trained on different devices ({sorted(devices)})"]
+        plan.append(StepPlan(world, reductions.pop(), threads, devices.pop()))
     return plan, problems
 
 
@@ -131,7 +134,8 @@ def expected_model(config: TrainConfig, plan: list[StepPlan], reference: Expecte
 
 def _same_arithmetic(a: list[StepPlan], b: list[StepPlan]) -> bool:
     return len(a) == len(b) and all(x.world_size == y.world_size and x.reduction == y.reduction
-                                    and x.threads == y.threads for x, y in zip(a, b, strict=True))
+                                    and x.threads == y.threads and x.device == y.device
+                                    for x, y in zip(a, b, strict=True))
 
 
 def exact_arithmetic(plan: list[StepPlan]) -> bool:

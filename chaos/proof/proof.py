@@ -65,5 +65,8 @@ def _model(scan: LedgerScan, verdict: Verdict, config: TrainConfig, expect: Data
     if problems:
         return ModelCheck(problems=[f"model not checked: {p}" for p in problems])
     ref_model, ref_plan = reference if reference is not None else (None, None)
-    expected = expected_model(config, plan, ref_model, ref_plan, expect)
+    try:
+        expected = expected_model(config, plan, ref_model, ref_plan, expect)
+    except ValueError as exc:  # a replay that cannot be made (chaos.proof.replay): a failure, with its reason
+        return ModelCheck(problems=[f"model not checked: {exc}"])
     return check_model(scan.records, verdict, plan, expected, final_params, parameter_names(config, expect))

@@ -37,6 +37,8 @@ class StepPlan:
     reduction: str = "fixed"
     threads: tuple[int, ...] = ()
     """Intra-op threads of each rank (empty: this process's setting)."""
+    device: str = "cpu"
+    """The device type the ranks trained on ("cpu" or "cuda"): the replay computes on the same one."""
 
 
 @dataclass
@@ -49,13 +51,18 @@ class ReplayResult:
     seconds: float = 0.0
 
 
-def replay_device(device: str) -> torch.device:
+def replay_device(plan: list[StepPlan]) -> torch.device:
     """Where a run's replay computes: on the device type the run trained on (the arithmetic differs between them).
 
     Raises:
-        ValueError: the run trained on a GPU and this process sees none.
+        ValueError: the run trained on a GPU and this process sees none; or on both (a checkpoint moved between a
+            CPU and a GPU run): no replay is faithful to that.
     """
-    if device != "cuda":
+    devices = {p.device for p in plan}
+    if len(devices) > 1:
+        raise ValueError(f"the run trained on {' and '.join(sorted(devices))} by turns; its replay cannot follow it "
+                         f"(verify runs that keep one device type)")
+    if devices != {"cuda"}:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ValueError("the run trained on cuda, and its replay must compute on a GPU too; this process sees none "
@@ -69,7 +76,7 @@ def replay(config: TrainConfig, plan: list[StepPlan], expect: DataExpectation | 
     threads_before = torch.get_num_threads()
     expect = expect or DataExpectation(config.dataset, config.global_batch, config.seed)
     dataset = expect.dataset
-    device = replay_device(config.device)
+    device = replay_device(plan)
     model = build_model(config.model, tuple(dataset[0][0].shape), dataset.classes, config.seed)  # type: ignore[attr-defined]
     model.to(device)
     optimizer = build_optimizer(config, model)

@@ -153,7 +153,7 @@ def summarize_reference(run_dir: Path, scenario: Scenario, wall_s: float) -> dic
     return {"cache_key": run_dir.name.split(".tmp-")[0], "trajectory_key": job.trajectory_key(),
             "code_version": code_version(), "torch": torch.__version__, "steps": job.steps,
             "final_digest": verdict.final_digests[0], "world_size": plan[-1].world_size,
-            "plan": [[p.world_size, p.reduction, list(p.threads)] for p in plan],
+            "plan": [[p.world_size, p.reduction, list(p.threads), p.device] for p in plan],
             "replay_verified": True, "replay_exact": exact, "replay_relative_l2": relative,
             "replay_s": round(replayed.seconds, 2),
             "steps_per_s": goodput(scan.records, job.steps), "wall_s": wall_s}
@@ -200,5 +200,6 @@ def reference_model(ref_dir: Path, summary: dict[str, Any],
                                 f"(digest {digest}, verified {summary['final_digest']}): the cache entry was altered "
                                 f"or damaged; {rebuild}")
     records = scan_ledgers(ref_dir / "logs").records
-    plan = [StepPlan(world, reduction, tuple(threads)) for world, reduction, threads in summary["plan"]]
+    plan = [StepPlan(world, reduction, tuple(threads), *device)  # a cache entry from before devices: the CPU
+            for world, reduction, threads, *device in summary["plan"]]
     return ExpectedModel("reference", summary["final_digest"], state, run_losses(records)), plan

@@ -40,20 +40,31 @@ def training_args(job: JobSpec, ckpt_dir: Path | None) -> list[str]:
     return args
 
 
-def gpus_by_node(job: JobSpec, gpus: int) -> list[str]:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES names them (its own, when set, narrows them)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [name.strip() for name in visible.split(",") if name.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def gpus_by_node(job: JobSpec, gpus: list[str]) -> list[str]:
     """Each node's CUDA_VISIBLE_DEVICES for a cuda job: the "nodes" share one machine, and one GPU serves one process
-    (ftcoord.wrapper.device), so node i sees GPUs of its own, one per worker and hot spare of its launcher.
+    (ftcoord.wrapper.device), so node i sees GPUs of its own (from `gpus`, visible_gpus()), one per worker and hot
+    spare of its launcher.
 
     Raises:
-        ScenarioError: the job runs more processes than the machine has GPUs.
+        ScenarioError: the job runs more processes than there are GPUs.
     """
     counts = [len(slots) + (job.spares if index == 0 else 0) for index, slots in enumerate(job.node_slots)]
-    if sum(counts) > gpus:
+    if sum(counts) > len(gpus):
         raise ScenarioError(f"device = \"cuda\": the job runs {sum(counts)} processes (workers and spares over "
-                            f"{len(counts)} node(s)), one GPU each, and this machine has {gpus} GPU(s); lower nproc "
-                            f"or spares, or use device = \"cpu\"")
+                            f"{len(counts)} node(s)), one GPU each, and this machine has {len(gpus)} GPU(s) to give; "
+                            f"lower nproc or spares, or use device = \"cpu\"")
     first = [sum(counts[:i]) for i in range(len(counts))]
-    return [",".join(str(g) for g in range(start, start + count)) for start, count in zip(first, counts, strict=True)]
+    return [",".join(gpus[start:start + count]) for start, count in zip(first, counts, strict=True)]
 
 
 @dataclass
@@ -98,9 +109,7 @@ class Launchers:
             self.env["GLOO_SOCKET_IFNAME"] = DATA_IFNAME
         self.gpus: list[str] = []  # each node's CUDA_VISIBLE_DEVICES (a cuda job's)
         if job.device == "cuda":
-            import torch
-
-            self.gpus = gpus_by_node(job, torch.cuda.device_count())
+            self.gpus = gpus_by_node(job, visible_gpus())
         self.output = output.open("ab")
 
     def command(self, node: Node) -> list[str]:

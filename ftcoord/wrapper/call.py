@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ftcoord import pausepoints
+from ftcoord.env import LOCAL_RANK_ENV
 from ftcoord.errors import ConfigError, FtcoordError
 from ftcoord.host import group_sockets
 from ftcoord.liveness.group_release import GroupRelease
@@ -40,6 +41,15 @@ def _forget_failed_creation() -> None:
     resets the count when the default group is destroyed; after a failed creation there is none to destroy."""
     if not dist.is_initialized():
         dist.distributed_c10d._world.group_count = 0
+
+
+def _abort_groups() -> None:
+    """Abort every process group of this process: the generation's default group and any made from it (heal's
+    subgroup has communicators of its own). Thread-safe: the release watch calls it while the training thread may
+    be blocked in one of them; the list is copied first, under the GIL."""
+    for group in list(dist.distributed_c10d._world.pg_names):
+        with contextlib.suppress(Exception):  # one that fails to abort must not keep the others blocked
+            group.abort()
 
 
 class GenerationInterrupted(FtcoordError):
@@ -216,9 +226,24 @@ class CallWrapper:
         if self._device is None or self._device.type != "cuda":
             return
         torch.cuda.synchronize(self._device)
-        if self._participant.interrupted or (self._release is not None and self._release.aborted):
-            raise GenerationInterrupted(f"generation {self.iteration} was interrupted while this rank waited on its "
-                                        f"GPU ({self._participant.monitor.reason})")
+        if self._participant.interrupted or self.group_failed:
+            raise GenerationInterrupted(f"generation {self.iteration}: its collectives failed or were aborted while "
+                                        f"this rank waited on its GPU ({self._participant.monitor.reason})")
+
+    @property
+    def group_failed(self) -> bool:
+        """This generation's group can no longer be trusted: the release watch aborted it, or its NCCL backend
+        reports an error (its watchdog aborted it: a collective failed or outlived pg_timeout). An aborted NCCL
+        collective ends quietly with whatever its buffers held: a result read since is void, and an error it
+        caused (a garbled message, a mismatch) is a peer's failure, not this rank's."""
+        if self._release is not None and self._release.aborted:
+            return True
+        if self._backend != "nccl" or self._group is None:
+            return False
+        try:
+            return self._group._get_backend(self._device).get_error().name != "SUCCESS"
+        except Exception:  # a backend without error state, or one torn down meanwhile
+            return False
 
     def ping(self) -> None:
         """Progress heartbeat: a rank that stops pinging for progress_timeout is hung. Call it after each
@@ -262,15 +287,18 @@ class CallWrapper:
 
         Args:
             backend: "nccl" or "gloo"; None: nccl for a cuda device, gloo otherwise.
-            device: where this rank's tensors live (ftcoord.wrapper.device.local_device picks one); None:
-                the CPU. A cuda device becomes the current device and the group's device_id.
+            device: where this rank's tensors live (ftcoord.wrapper.device.local_device picks one); None: the
+                CPU, or cuda:$LOCAL_RANK with backend="nccl". A cuda device becomes the current device and the
+                group's device_id.
 
         Returns:
             The generation's process group, `dist.group.WORLD`.
         """
         if self._group is not None:
             return self._group
-        device = self._device = torch.device(device if device is not None else "cpu")
+        if device is None:  # NCCL asked for by name: this process's GPU, as under torchrun
+            device = f"cuda:{os.environ.get(LOCAL_RANK_ENV, '0')}" if backend == "nccl" else "cpu"
+        device = self._device = torch.device(device)
         self._backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         device_id = None
         if self._backend == "nccl":
@@ -312,7 +340,7 @@ class CallWrapper:
                                          grace_s=grace_s).start()
         else:  # NCCL: its communicators are aborted, from the watch's thread (ProcessGroup.abort is thread-safe)
             self._release = GroupRelease(self.slot, self.iteration, self.members, {}, monitor.wait,
-                                         lambda: monitor.reason, grace_s=grace_s, abort=self._group.abort).start()
+                                         lambda: monitor.reason, grace_s=grace_s, abort=_abort_groups).start()
         self._log.info("process_group_ready", backend=self._backend, rank=self.rank,
                        world_size=self.world_size)
         return self._group
@@ -402,7 +430,13 @@ class CallWrapper:
             TypeError: a value has neither `state_dict()` nor `load_state_dict()`.
         """
         self.process_group()
-        report = heal(objects, step)
+        try:
+            report = heal(objects, step)
+        except Exception as exc:
+            if self.group_failed:  # what it read after the abort was void: the group's failure, not a mismatch
+                raise GenerationInterrupted(f"generation {self.iteration}: its group failed during the heal "
+                                            f"({type(exc).__name__}: {exc})") from exc
+            raise
         self.last_heal = report
         if report.step >= 0:
             self.step = report.step
@@ -459,10 +493,7 @@ class CallWrapper:
         if self._group is None:
             return
         if self._backend == "nccl" and failed:
-            try:  # abort before destroy: every communicator ends at once, and destroy then waits on no peer
-                self._group.abort()
-            except Exception as exc:
-                self._log.warning("process_group_abort_failed", error=str(exc))
+            _abort_groups()  # abort before destroy: every communicator ends at once, and destroy waits on no peer
         try:
             dist.destroy_process_group()
         except Exception as exc:  # a broken group is being thrown away anyway

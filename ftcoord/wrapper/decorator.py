@@ -286,7 +286,7 @@ class Wrapper:
                     # Collateral: the generation was already over (a peer died, hung or
                     # raised) or a collective failed because of a peer. Only this rank's own
                     # failures count against max_restarts.
-                    peer_failed = is_peer_failure(exc)
+                    peer_failed = is_peer_failure(exc) or call.group_failed  # read before the teardown below
                     collateral = peer_failed or participant.generations.is_interrupted(record.generation)
                     if not peer_failed:  # its own code raised, even in a generation already ending
                         call.report_raised(exc)

@@ -95,6 +95,13 @@ class _Wire:
             dist.destroy_process_group(self.group)
 
 
+def _wait_for(device: torch.device) -> None:
+    """Wait for a GPU's queued transfers here, in torch.cuda's synchronisation, where a wait counts as one on the peers
+    (ftcoord.liveness.still_stack); `.item()` would wait as long in native code, and look stuck."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _send_skeleton(wire: _Wire, device: torch.device, flat: StateTree | None) -> tuple[dict[str, Any], int]:
     """The source's skeleton and tensor metadata on every participant, and its size in bytes (StateMismatch
     on all if it cannot travel safely)."""
@@ -114,6 +121,7 @@ def _send_skeleton(wire: _Wire, device: torch.device, flat: StateTree | None) ->
             raise StateMismatch(f"call.heal: the state cannot travel safely ({exc}); state_dict() must hold only "
                                 f"tensors, numbers, strings, lists, tuples and dicts") from exc
     wire.move(size)
+    _wait_for(device)
     length = int(size.item())
     if length < 0:
         raise StateMismatch("call.heal: the source's state cannot travel safely (its process names the value)")
@@ -122,6 +130,7 @@ def _send_skeleton(wire: _Wire, device: torch.device, flat: StateTree | None) ->
     wire.move(data)
     if flat is not None:
         return message, length
+    _wait_for(device)
     return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True), length
 
 

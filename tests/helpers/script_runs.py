@@ -14,6 +14,9 @@ from chaos.report.metrics import read_logs
 from tests.helpers.cluster import REPO
 from tests.helpers.train_runs import child_env
 
+CPU = ("--device", "cpu")
+"""What the examples train on in the tests, on any machine: their jobs have more ranks than a machine has GPUs."""
+
 
 def slot_pid(logs: Path, slot: int) -> int:
     """The pid of the slot's newest process, from the launcher's log."""
@@ -31,7 +34,7 @@ class ScriptRun:
         self.out, self.logs = out, out / "logs"
         command = [sys.executable, "-m", "ftcoord.launcher.main", "--store", store, "--job-id", job_id,
                    "--nproc", str(nproc), "--log-dir", str(self.logs), *launch_args,
-                   "--", sys.executable, str(REPO / script), *args]
+                   "--", sys.executable, str(REPO / script), *args, *CPU]
         self.proc = subprocess.Popen(command, cwd=out, env={**os.environ, **child_env(out, [])}, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[str] = []

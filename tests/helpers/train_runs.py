@@ -22,8 +22,12 @@ FAST = ["--heartbeat-interval", "0.1", "--heartbeat-timeout", "1.0"]
 
 
 def train_args(steps: int, *extra: str, join_timeout: float = 10.0) -> list[str]:
+    """The command line of the tests' training runs: on the CPU on any machine (`--device` in `extra` wins), as their
+    jobs have more ranks than a machine has GPUs."""
+    device = [] if "--device" in extra else ["--device", "cpu"]
     return ["--steps", str(steps), "--dataset", DATASET, "--global-batch", str(GLOBAL_BATCH), "--seed", str(SEED),
-            "--model", "mlp", "--hook", "chaos.run.inject:hook", "--join-timeout", str(join_timeout), *FAST, *extra]
+            "--model", "mlp", "--hook", "chaos.run.inject:hook", "--join-timeout", str(join_timeout), *FAST, *device,
+            *extra]
 
 
 def child_env(out: Path, faults: list[dict[str, Any]] | None) -> dict[str, str]:

@@ -19,7 +19,7 @@ from chaos.report.metrics import read_logs
 from ftcoord import StoreServer
 from ftcoord.launcher.main import parse_config
 from tests.helpers.cluster import REPO, Forker
-from tests.helpers.script_runs import ScriptRun, slot_pid
+from tests.helpers.script_runs import CPU, ScriptRun, slot_pid
 from tests.helpers.train_runs import child_env
 from tests.helpers.wait import wait_until
 
@@ -78,7 +78,7 @@ def test_two_to_one_to_two_keeps_every_sample_once(
     env = {**child_env(tmp_path, []), "FTCOORD_STORE": store_server.address, "FTCOORD_JOB_ID": job_id,
            "FTCOORD_WORLD_SIZE": "2", "FTCOORD_LOG_DIR": str(tmp_path / "logs")}
     argv = [str(REPO / SCRIPT), "30", "10", "--dataset-size", str(SIZE), "--sample-log", str(tmp_path / "samples"),
-            "--snapshot", str(tmp_path / "snapshot.pt")]
+            "--snapshot", str(tmp_path / "snapshot.pt"), *CPU]
 
     def start(slot: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, *argv], cwd=tmp_path, stderr=subprocess.STDOUT,
@@ -133,7 +133,7 @@ def test_under_torchrun_ftcoord_refuses_in_one_line(tmp_path: Path) -> None:
 
 def test_a_store_that_is_not_there_is_named_at_once_with_where_its_address_came_from(tmp_path: Path) -> None:
     env = {**os.environ, "FTCOORD_STORE": "127.0.0.1:9", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # nothing listens on 9
-    proc = subprocess.Popen([sys.executable, str(REPO / "examples/quickstart.py"), "--steps", "5"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, str(REPO / "examples/quickstart.py"), "--steps", "5", *CPU], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None

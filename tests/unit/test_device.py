@@ -1,6 +1,6 @@
 """The device path, everything of it a CPU can run: which device a rank picks and when it is refused, the NCCL
 group's abort by the release watch, a GPU wait counted as waiting on peers, the GPUs a chaos node sees, the checks
-on a scenario's device. What only a GPU can run is in tests/integration/test_gpu.py (marker `gpu`)."""
+on a scenario's device. What only a GPU can run is in tests/integration/test_device.py (marker `gpu`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,19 @@ import threading
 import pytest
 import torch
 
-from chaos.proof.replay import replay_device
-from chaos.run.launchers import gpus_by_node
+from chaos.proof import model_check
+from chaos.proof.model_check import step_plan
+from chaos.proof.replay import StepPlan, replay_device
+from chaos.proof.verify import Verdict
+from chaos.run.launchers import gpus_by_node, visible_gpus
 from chaos.scenario import JobSpec, ScenarioError, load, on_gpus, parse, to_toml
 from ftcoord.errors import ConfigError
 from ftcoord.liveness.group_release import GroupRelease
 from ftcoord.liveness.still_stack import waits_on_peers
+from ftcoord.wrapper.call import CallWrapper, GenerationInterrupted
 from ftcoord.wrapper.device import local_device, pick_device
 from tests.helpers.wait import wait_until
-from tests.unit.test_release import Interrupt, blocked_receiver
+from tests.unit.test_release import Interrupt
 from training.checkpoint import shm
 from training.config import TrainConfig
 from training.errors import TrainingConfigError
@@ -83,14 +87,13 @@ class Aborts:
 
 def test_an_nccl_group_is_aborted_once_a_member_is_declared_dead() -> None:
     """The result of a collective the abort ended is void: `aborted` is set before the abort, so the training thread
-    (CallWrapper.wait_for_device) never takes it for done. Sabotage: without the abort callable, nothing is called."""
-    with blocked_receiver() as (record, _returned, _thread):
-        interrupt, aborts = Interrupt(), Aborts()
-        aborts.release = release = GroupRelease(0, 5, (0, 1, 2), {}, interrupt.fired.wait, lambda: interrupt.reason,
-                                                grace_s=60.0, abort=aborts).start()
-        interrupt.set("hung:slot=1")
-        assert release.join(5.0), "the watch did not end after its generation's interrupt"
-        assert aborts.calls == [True] and release.aborted
+    (CallWrapper.wait_for_device) never takes it for done; and a death is not waited on for the grace (60 s here)."""
+    interrupt, aborts = Interrupt(), Aborts()
+    aborts.release = release = GroupRelease(0, 5, (0, 1, 2), {}, interrupt.fired.wait, lambda: interrupt.reason,
+                                            grace_s=60.0, abort=aborts).start()
+    interrupt.set("hung:slot=1")
+    assert release.join(5.0), "the watch did not end after its generation's interrupt"
+    assert aborts.calls == [True] and release.aborted
 
 
 @pytest.mark.parametrize("reason", ["exception:slot=1:RuntimeError", "stop:slot=2", "grow:slot=3"])
@@ -162,11 +165,20 @@ def test_a_flash_image_of_device_tensors_without_a_staging_buffer_is_refused(tmp
 
 def test_each_chaos_node_sees_gpus_of_its_own() -> None:
     """The scenario's "nodes" share one machine: node i's launcher sees one GPU per worker and hot spare it runs."""
-    assert gpus_by_node(JobSpec(nproc=2), 2) == ["0,1"]
-    assert gpus_by_node(JobSpec(nproc=2, nodes=((0,), (1,))), 4) == ["0", "1"]
-    assert gpus_by_node(JobSpec(nproc=3, spares=1, nodes=((0, 1), (2,))), 4) == ["0,1,2", "3"]
+    assert gpus_by_node(JobSpec(nproc=2), ["0", "1"]) == ["0,1"]
+    assert gpus_by_node(JobSpec(nproc=2, nodes=((0,), (1,))), ["0", "1", "2", "3"]) == ["0", "1"]
+    assert gpus_by_node(JobSpec(nproc=3, spares=1, nodes=((0, 1), (2,))), list("0123")) == ["0,1,2", "3"]
+    # Under CUDA_VISIBLE_DEVICES=2,3 the children get those two, not 0 and 1.
+    assert gpus_by_node(JobSpec(nproc=2, nodes=((0,), (1,))), ["2", "3"]) == ["2", "3"]
     with pytest.raises(ScenarioError, match=r"runs 3 processes .* this machine has 2 GPU\(s\)"):
-        gpus_by_node(JobSpec(nproc=3), 2)
+        gpus_by_node(JobSpec(nproc=3), ["0", "1"])
+
+
+def test_the_gpus_to_give_are_those_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
 
 
 def test_a_scenario_s_device_is_checked_and_kept() -> None:
@@ -180,10 +192,33 @@ def test_a_scenario_s_device_is_checked_and_kept() -> None:
 
 @NO_GPU
 def test_a_gpu_run_is_not_replayed_on_a_cpu() -> None:
-    """The arithmetic differs between devices: a replay on the CPU of a GPU run would fail it for no fault."""
-    assert replay_device("cpu") == torch.device("cpu")
+    """The arithmetic differs between devices: a replay on the CPU of a GPU run would fail it for no fault, and so
+    would any replay of a run that moved between the two. The device comes from the run's own ledger lines."""
+    assert replay_device([StepPlan(2), StepPlan(1)]) == torch.device("cpu")
     with pytest.raises(ValueError, match="trained on cuda"):
-        replay_device("cuda")
+        replay_device([StepPlan(2, device="cuda")])
+    with pytest.raises(ValueError, match="cpu and cuda by turns"):
+        replay_device([StepPlan(2), StepPlan(2, device="cuda")])
+
+
+def test_the_model_check_replays_on_the_device_the_ledger_names() -> None:
+    """step_plan reads each generation's `device` (a ledger from before devices is the CPU's); ranks of one
+    generation on different devices are a problem, never a guess."""
+    def records(*devices: str | None) -> list[dict]:
+        lines = []
+        for rank, device in enumerate(devices):
+            line = {"kind": "generation", "generation": 1, "rank": rank, "grad_reduction": "fixed", "threads": 1}
+            lines.append(line if device is None else {**line, "device": device})
+        return lines
+
+    verdict = Verdict(steps=1, schedule=[2])
+    effective = {0: 1}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_check, "effective_generations", lambda _records: effective)
+        assert [p.device for p in step_plan(records("cuda", "cuda"), verdict)[0]] == ["cuda"]
+        assert [p.device for p in step_plan(records(None, None), verdict)[0]] == ["cpu"]
+        plan, problems = step_plan(records("cpu", "cuda"), verdict)
+        assert not plan and "different devices" in problems[0]
 
 
 def test_gpu_check_runs_a_scenario_with_one_rank_per_gpu_or_says_why_it_cannot() -> None:
@@ -199,3 +234,45 @@ def test_gpu_check_runs_a_scenario_with_one_rank_per_gpu_or_says_why_it_cannot()
     assert two is not None and two.job.nproc == 2 and all(f.slot < 2 for f in two.faults)
     hang, why = on_gpus(load("hang"), 1)
     assert hang is None and why is not None and "needs 2 GPUs" in why and "hang" in why
+
+
+# -- the training thread's wait for its GPU ------------------------------------------------------------------------
+
+
+class _Participant:
+    """What wait_for_device reads of the process's membership: whether the generation was interrupted, and why."""
+
+    def __init__(self, interrupted: bool) -> None:
+        self.interrupted = interrupted
+        self.monitor = type("Monitor", (), {"reason": "heartbeat_stale:slot=1" if interrupted else None})()
+
+
+def _call_on(device: str, interrupted: bool = False, aborted: bool = False) -> CallWrapper:
+    """A generation's CallWrapper as init_process_group leaves it on `device` (no group: wait_for_device reads only the
+    device, the interrupt and the release watch)."""
+    call = object.__new__(CallWrapper)
+    call._device, call._participant, call._backend, call._group = torch.device(device), _Participant(interrupted), \
+        "nccl" if device != "cpu" else "gloo", None
+    call._release = type("Release", (), {"aborted": aborted})()
+    call.record = type("Record", (), {"generation": 7})()
+    return call
+
+
+@pytest.mark.parametrize(("interrupted", "aborted"), [(True, False), (False, True)])
+def test_a_step_whose_collectives_were_aborted_does_not_commit(monkeypatch: pytest.MonkeyPatch, interrupted: bool,
+                                                               aborted: bool) -> None:
+    """An aborted NCCL all-reduce ends quietly and the device's wait returns: the step must still not reach the
+    optimizer. (torch.cuda.synchronize is the one call a CPU cannot make; it is recorded instead.)"""
+    waits: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waits.append)
+    with pytest.raises(GenerationInterrupted, match="generation 7"):
+        _call_on("cuda:0", interrupted, aborted).wait_for_device()
+    assert waits == [torch.device("cuda:0")]  # it waited first: nothing of the step is still queued
+
+
+def test_a_step_on_a_healthy_gpu_goes_on_and_a_cpu_step_waits_for_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waits.append)
+    _call_on("cuda:1").wait_for_device()
+    _call_on("cpu").wait_for_device()
+    assert waits == [torch.device("cuda:1")]

@@ -209,6 +209,9 @@ class FlashCheckpoint(CheckpointStrategy):
                 self._persister = None
             if self._buffer is not None:
                 self._buffer.close()
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
             if finished:
                 shm.remove_image(self.directory)
 

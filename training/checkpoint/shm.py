@@ -101,18 +101,36 @@ class PinnedStaging:
     """A page-locked host buffer between a GPU's tensors and the image, reused from save to save (grown when the
     state grows): every device tensor is copied into it by DMA, at the copy engine's speed, with one wait at the end;
     then into the image by memcpy. A copy from a GPU straight into the image's pageable memory is several times
-    slower and waits at each tensor. It costs host memory as large as the state on the GPU, kept for the process's
-    life; it is made only when a state holds device tensors."""
+    slower and waits at each tensor. It costs host memory exactly as large as the state on the GPU, kept for the
+    process's life (registered with cudaHostRegister, as torch's own checkpoint stager does: torch's pinned-memory
+    cache would round it up to a power of two and keep the old one when it grows); made only when a state holds
+    device tensors."""
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
 
     def view(self, size: int) -> torch.Tensor:
-        """A uint8 tensor over the first `size` bytes of the buffer (grown, and re-pinned, when it is smaller)."""
+        """A uint8 tensor over the first `size` bytes of the buffer (grown, and registered anew, when smaller).
+
+        Raises:
+            RuntimeError: CUDA refused to register the memory (its error code is in the message).
+        """
         if self._buffer is None or self._buffer.numel() < size:
-            self._buffer = None  # the old one is unpinned before the bigger one is pinned
-            self._buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            self.close()
+            buffer = torch.empty(size, dtype=torch.uint8)
+            code = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), size, 0))
+            if code != 0:
+                raise RuntimeError(f"flash checkpoint: CUDA could not page-lock {size} bytes of host memory for the "
+                                   f"staging buffer (cudaError {code}); the host may be short of lockable memory "
+                                   f"(ulimit -l), or use --ckpt-strategy blocking")
+            self._buffer = buffer
         return self._buffer[:size]
+
+    def close(self) -> None:
+        """Unregister and drop the buffer (the next view makes a new one)."""
+        if self._buffer is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._buffer.data_ptr())
+            self._buffer = None
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
