@@ -178,3 +178,40 @@ def test_a_node_asleep_through_a_whole_store_life_rebuilds_and_the_job_grows_bac
     assert {r["instance"].split(":")[0] for r in read_logs(logs, ("store_restarted",))} == {"1", "2"}
     partition = report["faults"][0]
     assert partition["kind"] == "partition" and partition["full_recover_s"] is not None, report["faults"]  # 3 again
+
+
+@pytest.mark.slow  # two restarts in 5 s and a kill 20 s on (about 90 s with its reference)
+def test_two_store_restarts_in_quick_succession_and_a_kill_named_by_evidence_after_them(tmp_path: Path) -> None:
+    """The bundled store-restart-quick scenario: the store killed, started empty, killed again 5 s after the first
+    kill. Each life gets an epoch of its own (1, then 2: the server's count of its lives), nobody is superseded, no
+    number is decided in an epoch that is over, and every process rebuilds both lives: a rank killed after the second
+    is named by its peers' evidence in the twice-rebuilt store (`closed=2`), as in a store that never restarted."""
+    report = run("store-restart-quick", tmp_path)
+    assert [f["kind"] for f in report["faults"]] == ["store-restart", "store-restart", "kill"]
+    logs = tmp_path / "store-restart-quick" / "logs"
+    assert {r["instance"].split(":")[0] for r in read_logs(logs, ("store_restarted",))} == {"1", "2"}
+    assert not read_logs(logs, ("store_instance_stale",)), "a process was superseded by a restart"
+    fired = [json.loads(line) for line in (tmp_path / "store-restart-quick" / "faults.jsonl").read_text().splitlines()]
+    killed_at = next(f["mono"] for f in fired if f["kind"] == "kill")
+    second_life = [r for r in read_logs(logs, ("store_rebuilt",)) if r["mono"] > fired[1]["mono"]]
+    assert sorted(r["slot"] for r in second_life) == [0, 1, 2] and max(r["mono"] for r in second_life) < killed_at, (
+        f"the kill fired at {killed_at}, before every process rebuilt the second store ({second_life}): the "
+        f"scenario's timing did not hold on this machine")
+    decided = read_logs(logs, ("generation_decided",))
+    assert all(r["generation"] > 2 * EPOCH_SPAN for r in decided if r["mono"] > killed_at), decided
+    said = [e["reason"] for e in read_logs(logs, ("generation_interrupt_requested",))
+            if e["mono"] > killed_at and "closed=" in e["reason"]]
+    assert said and all(reason.endswith(":closed=2") for reason in said[:2]), said
+
+
+@pytest.mark.slow  # a 4 s store hang (about 40 s with its reference)
+def test_a_store_hang_during_a_generation_change_delays_it_and_fences_nobody(tmp_path: Path) -> None:
+    """The bundled store-hang-change scenario: a rank killed and, 0.1 s later, while the leader decides the next
+    generation, the store SIGSTOPped for 4 s. The change waits for the store and is made once it answers: the killed
+    rank is replaced, and nobody is fenced for the silence the hang made of everyone's heartbeats."""
+    report = run("store-hang-change", tmp_path)
+    assert [f["kind"] for f in report["faults"]] == ["kill", "store-hang"]
+    assert report["restarts"] == 1, report
+    logs = tmp_path / "store-hang-change" / "logs"
+    assert not read_logs(logs, ("rank_fenced",)), read_logs(logs, ("rank_fenced",))
+    assert not read_logs(logs, ("store_restarted",)), "a hung store is the same instance when it answers"
