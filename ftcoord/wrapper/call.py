@@ -219,10 +219,10 @@ class CallWrapper:
 
     def wait_for_device(self) -> None:
         """Wait until the work this rank queued on its GPU, its collectives among it, has finished; raise
-        GenerationInterrupted if the generation was interrupted meanwhile (a collective the release aborted leaves
-        a void result). Call it after backward, before the optimizer changes anything, so that a failed step
-        changes nothing. On the CPU a collective returns when it is done, and this does nothing. While it waits the
-        rank counts as waiting on its peers (ftcoord.liveness.still_stack: torch.cuda's frames)."""
+        GenerationInterrupted if the generation was interrupted meanwhile or its group failed (`group_failed`: an
+        aborted collective leaves a void result). Call it after backward, before the optimizer changes anything, so
+        that a failed step changes nothing. On the CPU a collective returns when it is done, and this does nothing.
+        While it waits the rank counts as waiting on its peers (ftcoord.liveness.still_stack: torch.cuda's frames)."""
         if self._device is None or self._device.type != "cuda":
             return
         torch.cuda.synchronize(self._device)
