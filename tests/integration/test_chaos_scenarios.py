@@ -360,19 +360,21 @@ def test_a_paused_hot_spare_is_not_seated_in_place_of_a_killed_member(tmp_path: 
     the leader saw silent must now beat after the leader's question to be seated: it does not, and the generation
     waits for the killed member's replacement (a cold start: no warm standby, so that the leader decides before the
     replacement comes, and seated the spare before). Sabotage: the doubt only for a lost node's neighbours, as
-    before: the spare seated, the kill cost 9.0 s."""
+    before: the spare seated, the kill cost 9.0 s. The replacement's cold start (2.4-3.4 s measured) is given a
+    join_timeout of 10 s: at the 3 s default a slow start made the leader decide a world of one first (once in CI-like
+    load), a timing the test is not about."""
     scenario = tmp_path / "spare-paused.toml"
     scenario.write_text(
         'name = "spare-paused"\ndescription = "the hot spare paused, then a member killed"\n[job]\nnproc = 2\n'
         'spares = 1\nwarm_standby = 0\nsteps = 150\nglobal_batch = 24\ndataset = "synthetic:768"\n'
-        'step_time = 0.03\nckpt_strategy = "none"\nheartbeat_timeout = 10.0\n[[faults]]\nkind = "pause"\n'
-        'slot = 2\nstep = 60\nduration = 12.0\n[[faults]]\nkind = "kill-follower"\nstep = 60\nafter = 1.0\n')
+        'step_time = 0.03\nckpt_strategy = "none"\nheartbeat_timeout = 10.0\njoin_timeout = 10.0\n[[faults]]\n'
+        'kind = "pause"\nslot = 2\nstep = 60\nduration = 12.0\n[[faults]]\nkind = "kill-follower"\nstep = 60\n'
+        'after = 1.0\n')
     report = run(str(scenario), tmp_path)
-    killed = next(f for f in report["faults"] if f["kind"] == "kill-follower")
     decided = read_logs(tmp_path / "spare-paused" / "logs", ("generation_decided",))
     after_kill = sorted((e for e in decided if e["generation"] > 1), key=lambda e: e["generation"])[0]
-    assert 100000 not in after_kill["members"], after_kill
-    assert killed["recover_s"] < 6.0 and report["world_sizes"] == [2], report["faults"]
+    assert after_kill["members"] == [0, 1], after_kill  # the killed member's replacement, never the paused spare
+    assert report["world_sizes"] == [2], report["faults"]
 
 
 def test_a_leader_that_dies_after_a_lost_node_is_succeeded_at_once(tmp_path: Path) -> None:
