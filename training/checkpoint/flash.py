@@ -53,7 +53,7 @@ class FlashCheckpoint(CheckpointStrategy):
         slot = int(os.environ.get(SLOT_ENV, str(os.getpid())))
         self.directory = scratch.slot_dir(job_id, slot) / FLASH
         self._buffer: shm.SharedBuffer | None = None
-        self._staging: shm.PinnedStaging | None = None  # made at the first save of a state on a GPU
+        self._staging = shm.PinnedStaging()  # holds no memory until a save of a state on a GPU
         self._persister: subprocess.Popen[bytes] | None = None
         self._seq = 0
         self._in_flight: dict[int, SaveStats] = {}
@@ -167,8 +167,6 @@ class FlashCheckpoint(CheckpointStrategy):
         shm.write_marker(self.directory, shm.WRITING, seq)  # the persister never commits a torn read
         (self.directory / shm.META).unlink(missing_ok=True)  # a kill mid-copy leaves no valid image
         assert self._buffer is not None
-        if self._staging is None and any(t.device.type != "cpu" for t in tensors):
-            self._staging = shm.PinnedStaging()
         shm.write_image(self._buffer, tensors, layout, total, self._staging)
         copied = time.perf_counter()
         meta = {"seq": seq, "step": state.step, "world_size": world_size, "config_hash": self.config_hash,
@@ -209,9 +207,7 @@ class FlashCheckpoint(CheckpointStrategy):
                 self._persister = None
             if self._buffer is not None:
                 self._buffer.close()
-            if self._staging is not None:
-                self._staging.close()
-                self._staging = None
+            self._staging.close()
             if finished:
                 shm.remove_image(self.directory)
 

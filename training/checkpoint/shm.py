@@ -103,8 +103,8 @@ class PinnedStaging:
     then into the image by memcpy. A copy from a GPU straight into the image's pageable memory is several times
     slower and waits at each tensor. It costs host memory exactly as large as the state on the GPU, kept for the
     process's life (registered with cudaHostRegister, as torch's own checkpoint stager does: torch's pinned-memory
-    cache would round it up to a power of two and keep the old one when it grows); made only when a state holds
-    device tensors."""
+    cache would round it up to a power of two and keep the old one when it grows); taken at the first save of a state
+    that holds device tensors, never for a state on the CPU."""
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
